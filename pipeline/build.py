@@ -1,0 +1,108 @@
+"""Build stage, local driver: run a recipe's steps on this host and keep the raw wheel aside.
+
+Raw wheels go to the work folder, never to the wheelhouse: only repair and verify may put a
+wheel there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from .cmd import run
+from .errors import RocwheelsError
+from .layout import Layout
+from .log import recipe_logger
+from .plan import Step
+from .sources import prepare_source
+
+
+@dataclass(frozen=True)
+class BuiltWheel:
+    recipe: str
+    path: Path
+    log_file: Path
+    seconds: float
+
+
+def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None) -> BuiltWheel:
+    """Build one recipe on this host: clean work folder, build venv, pre-build steps, pypa/build."""
+    logger = recipe_logger(step.name)
+    started = time.monotonic()
+    log_file = layout.log_file(step.name)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version}\n")
+    logger.info("building %s (log: %s)", step.wheel_version, log_file)
+
+    work = layout.recipe_work(step.name)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    source = prepare_source(step.recipe, layout.recipes_dir, work / "src", log_file=log_file, logger=logger)
+    venv = _build_venv(step, layout, work / "venv", log_file, logger)
+    env = {**step.env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    for command in step.pre:
+        run(["bash", "-euo", "pipefail", "-c", command], cwd=source, env=env, log_file=log_file, logger=logger, on_output=on_output)
+    dist = work / "dist"
+    run([venv / "bin" / "python", "-m", "build", *step.build_args, "--outdir", dist, source],
+        env=env, log_file=log_file, logger=logger, on_output=on_output)
+
+    wheel = _the_wheel(step, dist, log_file)
+    raw = layout.raw(step.name)
+    if raw.exists():
+        shutil.rmtree(raw)
+    raw.mkdir(parents=True)
+    final = raw / wheel.name
+    shutil.move(wheel, final)
+    seconds = time.monotonic() - started
+    logger.info("built %s in %.0f s", final.name, seconds)
+    return BuiltWheel(step.name, final, log_file, seconds)
+
+
+def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: logging.LoggerAdapter) -> Path:
+    """A fresh venv with pypa/build, the recipe's build requirements and its dependencies' wheels."""
+    run([sys.executable, "-m", "venv", venv], log_file=log_file, logger=logger)
+    wheels = [accepted_wheel(layout.wheelhouse, name, version) for name, version in step.dependencies]
+    requirements = ["build", *step.recipe.build.requires, *map(str, wheels)]
+    run([venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q", *requirements],
+        log_file=log_file, logger=logger)
+    return venv
+
+
+def find_wheel(folder: Path, dist_name: str, version: str) -> Path | None:
+    """A wheel of exactly ``dist_name==version`` in ``folder``, if there is one."""
+    for wheel in sorted(folder.glob("*.whl")):
+        name, wheel_version, _, _ = parse_wheel_filename(wheel.name)
+        if name.replace("-", "_") == dist_name and str(wheel_version) == version:
+            return wheel
+    return None
+
+
+def accepted_wheel(wheelhouse: Path, dist_name: str, version: str) -> Path:
+    """The accepted wheel of a dependency (built earlier in the plan, or before)."""
+    wheel = find_wheel(wheelhouse, dist_name, version)
+    if wheel is None:
+        raise RocwheelsError(f"no wheel of {dist_name}=={version} in {wheelhouse}", fix="build that recipe first (it is in depends_on)")
+    return wheel
+
+
+def _the_wheel(step: Step, dist: Path, log_file: Path) -> Path:
+    wheels = sorted(dist.glob("*.whl"))
+    if len(wheels) != 1:
+        raise RocwheelsError(f"{step.name}: the build produced {len(wheels)} wheels in {dist}, expected one", fix=f"see {log_file}")
+    version = str(parse_wheel_filename(wheels[0].name)[1])
+    if version != step.wheel_version:
+        raise RocwheelsError(
+            f"{step.name}: built version {version}, the lock expects {step.wheel_version}",
+            fix=f"the recipe's [env] must hand the version and +{{local_version}} label to the package's build (see recipes/README.md)",
+        )
+    return wheels[0]

@@ -1,0 +1,29 @@
+"""Where rocwheels reads and writes: recipes in, raw builds in a work folder, accepted wheels out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Layout:
+    recipes_dir: Path
+    wheelhouse: Path  # only repaired, verified wheels (and logs/, simple/, constraints) land here
+    work_dir: Path  # sources, build venvs, raw and staged wheels: never served
+
+    @property
+    def logs(self) -> Path:
+        return self.wheelhouse / "logs"
+
+    def log_file(self, recipe: str) -> Path:
+        return self.logs / f"{recipe}.log"
+
+    def recipe_work(self, recipe: str) -> Path:
+        return self.work_dir / "work" / recipe
+
+    def raw(self, recipe: str) -> Path:
+        return self.work_dir / "raw" / recipe
+
+    def staging(self, recipe: str) -> Path:
+        return self.work_dir / "staging" / recipe

@@ -1,0 +1,207 @@
+"""The version lock (``recipes/lock.toml``): ROCm lines and the compatibility rules between packages.
+
+A *line* pins one ROCm release: its builder image (by digest), Python versions, the GPU
+targets its compiler accepts and the version of every recipe built for it. ``check_lock``
+refuses a line whose versions break a rule, naming both sides and what is allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
+from pydantic import field_validator
+
+from .errors import ConfigError, RocwheelsError
+from .models import Model, read_toml, validate
+from .recipes import LOCK_FILE, Recipe
+from .targets import known_processors
+
+log = logging.getLogger("rocwheels")
+
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+# Images rocwheels builds itself (``rocwheels image build``) carry a content hash in their tag
+# instead of a registry digest.
+_LOCAL_IMAGE = "localhost/"
+UNVERIFIED = "unverified"
+
+
+class Line(Model):
+    rocm: str
+    builder_image: str
+    image_source: str
+    python: tuple[str, ...]
+    targets: tuple[str, ...]
+    rocm_path: str = "/opt/rocm"
+    rocm_lib_dir: str | None = None
+    platform: str | None = None
+    versions: dict[str, str]
+
+    @field_validator("rocm")
+    @classmethod
+    def _release(cls, rocm: str) -> str:
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?", rocm):
+            raise ValueError(f"{rocm!r} is not a ROCm release such as 6.2 or 6.2.4")
+        return rocm
+
+    @field_validator("builder_image")
+    @classmethod
+    def _pinned(cls, image: str) -> str:
+        if not (_DIGEST.search(image) or image.startswith(_LOCAL_IMAGE)):
+            raise ValueError(f"{image!r} is not pinned: append @sha256:<64 hex digits> (a tag can move)")
+        return image
+
+    @field_validator("python")
+    @classmethod
+    def _pythons(cls, pythons: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [p for p in pythons if not re.fullmatch(r"3\.\d+", p)]
+        if bad or not pythons:
+            raise ValueError(f"Python versions are written like \"3.11\" (got {list(pythons)})")
+        return pythons
+
+    @field_validator("targets")
+    @classmethod
+    def _known(cls, targets: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [t for t in targets if t not in known_processors()]
+        if unknown:
+            raise ValueError(f"unknown GPU processor(s) {', '.join(unknown)}")
+        return targets
+
+    @property
+    def local_version(self) -> str:
+        """The PEP 440 local label wheels of this line carry: ``rocm6.2``."""
+        major, minor = self.rocm.split(".")[:2]
+        return f"rocm{major}.{minor}"
+
+    @property
+    def lib_dir(self) -> str:
+        return self.rocm_lib_dir or f"{self.rocm_path.rstrip('/')}/lib"
+
+
+class Rule(Model):
+    package: str
+    versions: str
+    requires: dict[str, str]
+    source: str
+
+    @field_validator("versions")
+    @classmethod
+    def _spec(cls, spec: str) -> str:
+        _specifier(spec)
+        return spec
+
+    @field_validator("requires")
+    @classmethod
+    def _specs(cls, requires: dict[str, str]) -> dict[str, str]:
+        for key, spec in requires.items():
+            try:
+                _specifier(spec)
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+        return requires
+
+
+class Lock(Model):
+    schema_version: int = 1
+    default_line: str
+    lines: dict[str, Line]
+    rules: tuple[Rule, ...] = ()
+
+
+@dataclass(frozen=True)
+class LockFile:
+    path: Path
+    lock: Lock
+
+    def line(self, name: str) -> Line:
+        if name not in self.lock.lines:
+            raise ConfigError(self.path, "lines", f"no ROCm line named {name!r}", fix=f"use one of: {', '.join(self.lock.lines)}")
+        return self.lock.lines[name]
+
+
+def _specifier(spec: str) -> SpecifierSet:
+    try:
+        return SpecifierSet(spec)
+    except InvalidSpecifier:
+        raise ValueError(f"{spec!r} is not a version specifier such as \"==2.5.*\" or \">=6.1,<6.3\"") from None
+
+
+def load_lock(recipes_dir: Path) -> LockFile:
+    path = recipes_dir / LOCK_FILE
+    return LockFile(path, validate(Lock, read_toml(path), path))
+
+
+def check_lock(lock_file: LockFile, recipes: dict[str, Recipe]) -> list[str]:
+    """Raise ConfigError on the first inconsistency; return warnings about unverified pins."""
+    path, lock = lock_file.path, lock_file.lock
+    if lock.default_line not in lock.lines:
+        raise ConfigError(path, "default_line", f"{lock.default_line!r} is not a line", fix=f"use one of: {', '.join(lock.lines)}")
+    warnings = []
+    for name, line in lock.lines.items():
+        where = f"lines.{name}"
+        _check_line_recipes(path, where, line, recipes)
+        _check_rules(path, where, line, lock.rules)
+        if line.image_source.lower().startswith(UNVERIFIED):
+            warnings.append(f"{path}: {where}.builder_image is unverified ({line.image_source})")
+    for index, rule in enumerate(lock.rules):
+        if rule.source.lower().startswith(UNVERIFIED):
+            warnings.append(f"{path}: rules[{index}] ({rule.package} {rule.versions}) is unverified: {rule.source}")
+    return warnings
+
+
+def _check_line_recipes(path: Path, where: str, line: Line, recipes: dict[str, Recipe]) -> None:
+    for package, version in line.versions.items():
+        field = f"{where}.versions.{package}"
+        recipe = recipes.get(package)
+        if recipe is None:
+            raise ConfigError(path, field, "no recipe of that name", fix=f"known recipes: {', '.join(recipes)}")
+        if recipe.version != version:
+            raise ConfigError(path, field, f"is {version} but recipes/{package}.toml has version = {recipe.version!r}", fix="make the two agree (the recipe's source pins one version)")
+        for dep in recipe.depends_on:
+            if dep not in line.versions:
+                raise ConfigError(path, field, f"{package} depends on {dep}, which this line does not pin", fix=f"add {dep} to [{where}.versions]")
+
+
+def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) -> None:
+    pinned = {**line.versions, "rocm": line.rocm}
+    for package, version in line.versions.items():
+        own_rules = [r for r in rules if r.package == package]
+        if not own_rules:
+            continue  # a package no rule mentions (the canary) goes with any line
+        matching = [r for r in own_rules if Version(version) in SpecifierSet(r.versions)]
+        if not matching:
+            known = "; ".join(r.versions for r in own_rules)
+            raise ConfigError(path, f"{where}.versions.{package}", f"no compatibility rule covers {package} {version}", fix=f"pin a version the rules know ({known}) or add a rule with its source")
+        for rule in matching:
+            for other, spec in rule.requires.items():
+                other_field = f"{where}.rocm" if other == "rocm" else f"{where}.versions.{other}"
+                have = pinned.get(other)
+                if have is None:
+                    raise ConfigError(path, f"{where}.versions", f"{package} {version} requires {other} {spec}, which this line does not pin", fix=f"add {other} to the line")
+                if Version(have) not in SpecifierSet(spec):
+                    raise ConfigError(
+                        path, f"{where}.versions.{package}",
+                        f"{package} {version} requires {other} {spec}, but {other_field} = {have}",
+                        fix=f"allowed {other} for {package} {rule.versions}: {spec} (source: {rule.source})",
+                    )
+
+
+def select_line(lock_file: LockFile, name: str | None, host_rocm: str | None = None) -> tuple[str, Line]:
+    """The line to build for: ``name``, else the one matching the host's ROCm, else the default."""
+    if name:
+        return name, lock_file.line(name)
+    if host_rocm is not None:
+        host = Version(host_rocm).release[:2]
+        for line_name, line in lock_file.lock.lines.items():
+            if Version(line.rocm).release[:2] == host:
+                return line_name, line
+        raise RocwheelsError(
+            f"no line in {lock_file.path} is for this host's ROCm {host_rocm}",
+            fix=f"add a line with rocm = \"{host_rocm}\", or build in the container (DRIVER=container ROCM=<line>); lines: "
+            + ", ".join(f"{n} (ROCm {l.rocm})" for n, l in lock_file.lock.lines.items()),
+        )
+    return lock_file.lock.default_line, lock_file.line(lock_file.lock.default_line)

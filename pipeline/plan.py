@@ -1,0 +1,142 @@
+"""The plan: which recipes build in which order, with what environment and commands.
+
+Nothing here runs anything; ``rocwheels plan`` prints a plan and the build stage executes one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError, RocwheelsError
+from .lock import Line
+from .recipes import Recipe, recipe_path
+from .targets import GpuTarget, check_supported, format_targets
+
+
+@dataclass(frozen=True)
+class Step:
+    """One recipe's build: its resolved environment and commands."""
+
+    recipe: Recipe
+    env: dict[str, str]
+    pre: tuple[str, ...]
+    build_args: tuple[str, ...]
+    # (distribution, exact wheel version) of each depends_on recipe, installed before the build.
+    dependencies: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def wheel_version(self) -> str:
+        return self.env["ROCWHEELS_WHEEL_VERSION"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    line_name: str
+    line: Line
+    targets: tuple[GpuTarget, ...]
+    steps: tuple[Step, ...] = field(default=())
+
+
+def build_order(recipes: dict[str, Recipe], wanted: Sequence[str], recipes_dir: Path) -> list[Recipe]:
+    """``wanted`` and everything they depend on, dependencies first; a cycle is an error."""
+    unknown = [name for name in wanted if name not in recipes]
+    if unknown:
+        raise RocwheelsError(f"unknown recipe(s): {', '.join(unknown)}", fix=f"known recipes: {', '.join(recipes)}")
+    ordered: list[Recipe] = []
+    visiting: list[str] = []
+
+    def visit(name: str) -> None:
+        if any(r.name == name for r in ordered):
+            return
+        if name in visiting:
+            cycle = " -> ".join([*visiting[visiting.index(name):], name])
+            raise ConfigError(recipe_path(recipes_dir, name), "depends_on", f"dependency cycle: {cycle}", fix="remove one of these depends_on entries")
+        visiting.append(name)
+        for dep in recipes[name].depends_on:
+            visit(dep)
+        visiting.pop()
+        ordered.append(recipes[name])
+
+    for name in wanted:
+        visit(name)
+    return ordered
+
+
+def make_plan(
+    recipes: dict[str, Recipe],
+    wanted: Sequence[str],
+    *,
+    recipes_dir: Path,
+    line_name: str,
+    line: Line,
+    targets: tuple[GpuTarget, ...],
+    jobs: int | None = None,
+) -> Plan:
+    """Order the recipes, check the targets against line and recipes, resolve every value."""
+    check_supported(targets, line.targets, what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)")
+    ordered = build_order(recipes, wanted, recipes_dir)
+    for recipe in ordered:
+        if recipe.name not in line.versions:
+            raise RocwheelsError(
+                f"recipe {recipe.name} is not pinned in ROCm line {line_name}",
+                fix=f"add it to [lines.{line_name}.versions] in recipes/lock.toml, or pick another line (ROCM=...)",
+            )
+        check_supported(targets, recipe.targets.supported, what=f"recipe {recipe.name} ({recipe_path(recipes_dir, recipe.name)} targets.supported)")
+    jobs = jobs or os.cpu_count() or 1
+    steps = tuple(
+        _step(recipe, line, targets, jobs, tuple((recipes[d].dist_name, f"{recipes[d].version}+{line.local_version}") for d in recipe.depends_on))
+        for recipe in ordered
+    )
+    return Plan(line_name, line, targets, steps)
+
+
+def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int, dependencies: tuple[tuple[str, str], ...]) -> Step:
+    values = {
+        "version": recipe.version,
+        "local_version": line.local_version,
+        "rocm": line.rocm,
+        "rocm_path": line.rocm_path,
+        "targets": format_targets(targets, separator=recipe.targets.separator, prefix=recipe.targets.prefix),
+        "jobs": str(jobs),
+    }
+    env = {
+        "ROCM_PATH": line.rocm_path,
+        **{key: value.format_map(values) for key, value in recipe.env.items()},
+        recipe.targets.env: values["targets"],
+        # Read back by the later stages: what version the built wheel must carry.
+        "ROCWHEELS_WHEEL_VERSION": f"{recipe.version}+{line.local_version}",
+    }
+    pre = tuple(command.format_map(values) for command in recipe.build.pre)
+    args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
+    return Step(recipe, env, pre, args, dependencies)
+
+
+def describe(plan: Plan) -> str:
+    """Human-readable plan for ``rocwheels plan``."""
+    lines = [
+        f"ROCm line {plan.line_name}: ROCm {plan.line.rocm}, local version +{plan.line.local_version}",
+        f"GPU targets: {', '.join(map(str, plan.targets))}",
+        f"Python: {sys.version_info.major}.{sys.version_info.minor} (local driver); lock: {', '.join(plan.line.python)}",
+    ]
+    for number, step in enumerate(plan.steps, 1):
+        recipe = step.recipe
+        source = recipe.source.path or recipe.source.url or f"{recipe.source.git}@{recipe.source.commit}"
+        lines += ["", f"{number}. {recipe.name} {step.wheel_version}  (source: {source})"]
+        if recipe.depends_on:
+            lines.append(f"   after: {', '.join(recipe.depends_on)} (their wheels installed into the build environment)")
+        lines.append("   environment:")
+        lines += [f"     {key}={value}" for key, value in step.env.items()]
+        if step.pre:
+            lines.append("   pre-build:")
+            lines += [f"     $ {command}" for command in step.pre]
+        lines.append(f"   build: python -m build {' '.join(step.build_args)} <source>")
+        lines.append("   then: repair -> verify -> wheelhouse/")
+    return "\n".join(lines)

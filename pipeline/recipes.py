@@ -1,0 +1,176 @@
+"""Recipes: one declarative TOML file per package in ``recipes/`` (documented in recipes/README.md)."""
+
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+from pydantic import StrictBool, field_validator, model_validator
+
+from .errors import ConfigError
+from .models import Model, read_toml, validate
+from .targets import known_processors
+
+# What ``{...}`` in a recipe's env and pre-build commands may refer to; filled in by the plan.
+PLACEHOLDERS = {
+    "version": "the recipe's version, e.g. 2.5.1",
+    "local_version": "the local version label of the lock line, e.g. rocm6.2",
+    "rocm": "the lock line's ROCm release, e.g. 6.2.4",
+    "rocm_path": "the ROCm install prefix, e.g. /opt/rocm",
+    "targets": "the GPU targets in the recipe's own format ([targets] separator/prefix)",
+    "jobs": "parallel compile jobs",
+}
+
+LOCK_FILE = "lock.toml"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+
+class Source(Model):
+    """Where the source comes from: exactly one of ``path``, ``url`` (+ sha256), ``git`` (+ commit)."""
+
+    path: str | None = None
+    url: str | None = None
+    sha256: str | None = None
+    git: str | None = None
+    commit: str | None = None
+    submodules: StrictBool = False
+    subdir: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> Source:
+        kinds = [k for k in ("path", "url", "git") if getattr(self, k)]
+        if len(kinds) != 1:
+            raise ValueError(f"path: give exactly one of path, url, git (got: {', '.join(kinds) or 'none'})")
+        if self.url and not re.fullmatch(r"[0-9a-f]{64}", self.sha256 or ""):
+            raise ValueError("sha256: a url source needs sha256 = 64 lowercase hex digits (sha256sum of the archive)")
+        if self.git and not re.fullmatch(r"[0-9a-f]{40}", self.commit or ""):
+            raise ValueError("commit: a git source needs commit = the full 40-hex commit id (a tag or short id can move)")
+        if self.sha256 and not self.url:
+            raise ValueError("sha256: belongs to a url source")
+        if self.commit and not self.git:
+            raise ValueError("commit: belongs to a git source")
+        if self.submodules and not self.git:
+            raise ValueError("submodules: belongs to a git source")
+        return self
+
+
+class Build(Model):
+    """How the wheel is built: pre-build shell commands, then ``python -m build --wheel``."""
+
+    pre: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()
+    isolation: StrictBool = True
+    requires: tuple[str, ...] = ()
+
+
+class Targets(Model):
+    """How the recipe receives GPU targets, and which it supports."""
+
+    env: str
+    separator: str = ";"
+    prefix: str = ""
+    supported: tuple[str, ...]
+
+    @field_validator("supported")
+    @classmethod
+    def _known(cls, supported: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [t for t in supported if t not in known_processors()]
+        if unknown:
+            raise ValueError(f"unknown GPU processor(s) {', '.join(unknown)}; known: {', '.join(known_processors())}")
+        return supported
+
+
+class Repair(Model):
+    """Recipe-specific repair policy on top of rocwheels' ROCm exclusion list."""
+
+    exclude: tuple[str, ...] = ()
+    rpath: tuple[str, ...] = ()
+    link_packages: tuple[str, ...] = ()
+
+
+class Smoke(Model):
+    """The import check run in a fresh venv; ``gpu_code`` only runs where a GPU is present."""
+
+    imports: tuple[str, ...]
+    code: str | None = None
+    gpu_code: str | None = None
+
+
+class Recipe(Model):
+    name: str
+    version: str
+    distribution: str | None = None
+    description: str = ""
+    source: Source
+    build: Build = Build()
+    env: dict[str, str] = {}
+    targets: Targets
+    depends_on: tuple[str, ...] = ()
+    repair: Repair = Repair()
+    smoke: Smoke
+
+    @field_validator("version")
+    @classmethod
+    def _pep440(cls, version: str) -> str:
+        try:
+            parsed = Version(version)
+        except InvalidVersion:
+            raise ValueError(f"{version!r} is not a PEP 440 version") from None
+        if parsed.local:
+            raise ValueError("leave out the local part (+rocm...): rocwheels adds it from the lock line")
+        return version
+
+    @field_validator("env")
+    @classmethod
+    def _known_placeholders(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            _check_placeholders(value, key)
+        return env
+
+    @field_validator("build")
+    @classmethod
+    def _known_placeholders_in_pre(cls, build: Build) -> Build:
+        for index, command in enumerate(build.pre):
+            _check_placeholders(command, f"pre[{index}]")
+        return build
+
+
+    @property
+    def dist_name(self) -> str:
+        """The project name its wheels carry (normalized as in wheel file names)."""
+        return canonicalize_name(self.distribution or self.name).replace("-", "_")
+
+
+def _check_placeholders(text: str, where: str) -> None:
+    for _, field, _, _ in string.Formatter().parse(text):
+        if field is not None and field not in PLACEHOLDERS:
+            known = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
+            raise ValueError(f"{where}: unknown placeholder {{{field}}}; known: {known} (write {{{{ }}}} for a literal brace)")
+
+
+def recipe_path(recipes_dir: Path, name: str) -> Path:
+    return recipes_dir / f"{name}.toml"
+
+
+def load_recipe(path: Path) -> Recipe:
+    recipe = validate(Recipe, read_toml(path), path)
+    if recipe.name != path.stem:
+        raise ConfigError(path, "name", f"is {recipe.name!r} but the file is {path.name}", fix=f"rename the file to {recipe.name}.toml or set name = {path.stem!r}")
+    if not _NAME.match(recipe.name):
+        raise ConfigError(path, "name", "use lowercase letters, digits and '-'")
+    if recipe.source.path and not (path.parent / recipe.source.path).is_dir():
+        raise ConfigError(path, "source.path", f"folder {path.parent / recipe.source.path} does not exist")
+    return recipe
+
+
+def load_recipes(recipes_dir: Path) -> dict[str, Recipe]:
+    """Every ``*.toml`` in ``recipes_dir`` except the lock, by name; ``depends_on`` names must exist."""
+    recipes = {p.stem: load_recipe(p) for p in sorted(recipes_dir.glob("*.toml")) if p.name != LOCK_FILE}
+    for recipe in recipes.values():
+        for dep in recipe.depends_on:
+            if dep not in recipes:
+                raise ConfigError(recipe_path(recipes_dir, recipe.name), "depends_on", f"unknown recipe {dep!r}", fix=f"known recipes: {', '.join(recipes)}")
+    return recipes
