@@ -1,0 +1,53 @@
+# rocwheels: every target creates/uses the project venv itself.
+#   make demo                        canary: build -> repair -> verify -> publish -> install
+#   make test                        the test suite (installs hipcc/podman when missing, as root)
+#   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
+#   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
+SHELL := bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ARCH ?= gfx942
+RECIPES ?=
+DRIVER ?= container
+ROCM ?=
+# hipcc would pick an installed nvcc without it.
+export HIP_PLATFORM := amd
+# Debian packages the real builds and tests use: the HIP compiler, and podman for containers.
+SYSTEM_PACKAGES := hipcc podman runc debootstrap
+
+.PHONY: venv system-deps test wheels demo bench lock-check clean
+
+$(BIN)/rocwheels: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+venv: $(BIN)/rocwheels
+
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing Debian packages:$$missing - run: sudo apt-get install -y$$missing"; exit 1; fi; \
+	  echo "installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+test: venv system-deps
+	$(BIN)/python -m pytest -q
+
+lock-check: venv
+	$(BIN)/rocwheels lock check
+
+wheels: venv
+	$(BIN)/rocwheels wheels --arch '$(ARCH)' --driver '$(DRIVER)' $(if $(RECIPES),--recipes '$(RECIPES)') $(if $(ROCM),--rocm '$(ROCM)')
+
+demo: venv system-deps
+	$(BIN)/rocwheels demo
+
+bench: venv system-deps
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf build
+	find wheelhouse -mindepth 1 ! -name .gitkeep -exec rm -rf {} +

@@ -1,0 +1,138 @@
+"""The version lock: the shipped one is consistent; an inconsistent one is refused clearly."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.lock import check_lock, load_lock, select_line
+from pipeline.recipes import load_recipes
+
+REPO = Path(__file__).resolve().parents[1]
+DIGEST = "@sha256:" + "0" * 64
+
+
+def recipe(name: str, version: str, depends_on: str = "") -> str:
+    return f"""name = "{name}"
+version = "{version}"
+depends_on = [{depends_on}]
+[source]
+path = "."
+[targets]
+env = "PYTORCH_ROCM_ARCH"
+supported = ["gfx90a", "gfx942"]
+[smoke]
+imports = ["{name}"]
+"""
+
+
+LOCK = f"""default_line = "rocm6.2"
+[lines."rocm6.2"]
+rocm = "6.2.4"
+builder_image = "registry.example/rocm/dev{DIGEST}"
+image_source = "SOURCE"
+python = ["3.11"]
+targets = ["gfx90a", "gfx942"]
+[lines."rocm6.2".versions]
+torch = "2.5.1"
+torchvision = "0.20.1"
+
+[[rules]]
+package = "torch"
+versions = "==2.5.*"
+requires = {{ rocm = ">=6.1,<6.3" }}
+source = "https://example.org/torch-matrix"
+
+[[rules]]
+package = "torchvision"
+versions = "==0.20.*"
+requires = {{ torch = "==2.5.*" }}
+source = "https://example.org/vision-matrix"
+"""
+
+
+@pytest.fixture
+def recipes_dir(tmp_path):
+    (tmp_path / "torch.toml").write_text(recipe("torch", "2.5.1"))
+    (tmp_path / "torchvision.toml").write_text(recipe("torchvision", "0.20.1", '"torch"'))
+    return tmp_path
+
+
+def check(recipes_dir: Path, lock_text: str) -> list[str]:
+    (recipes_dir / "lock.toml").write_text(lock_text)
+    return check_lock(load_lock(recipes_dir), load_recipes(recipes_dir))
+
+
+def test_consistent_lock(recipes_dir):
+    assert check(recipes_dir, LOCK.replace("SOURCE", "https://example.org/digests")) == []
+
+
+def test_unverified_values_warn(recipes_dir):
+    warnings = check(recipes_dir, LOCK.replace("SOURCE", "unverified: copied from a blog"))
+    assert any("builder_image is unverified" in w for w in warnings)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "field", "words"),
+    [
+        ('rocm = "6.2.4"', 'rocm = "6.4.1"', 'lines.rocm6.2.versions.torch', "torch 2.5.1 requires rocm >=6.1,<6.3, but lines.rocm6.2.rocm = 6.4.1"),
+        ('torchvision = "0.20.1"', 'torchvision = "0.21.0"', "lines.rocm6.2.versions.torchvision", "recipes/torchvision.toml has version = '0.20.1'"),
+        (f'/rocm/dev{DIGEST}"', '/rocm/dev:6.2.4-complete"', "lines.rocm6.2.builder_image", "not pinned"),
+        ('default_line = "rocm6.2"', 'default_line = "rocm9"', "default_line", "not a line"),
+        ('targets = ["gfx90a", "gfx942"]', 'targets = ["gfx42"]', "lines.rocm6.2.targets", "gfx42"),
+        ('python = ["3.11"]', 'python = ["311"]', "lines.rocm6.2.python", "3.11"),
+        ('versions = "==0.20.*"', 'versions = "0.20"', "rules.1.versions", "not a version specifier"),
+        ('torch = "2.5.1"\n', "", "lines.rocm6.2.versions.torchvision", "depends on torch"),
+    ],
+)
+def test_inconsistent_lock_names_both_sides(recipes_dir, old, new, field, words):
+    assert old in LOCK
+    with pytest.raises(ConfigError) as caught:
+        check(recipes_dir, LOCK.replace("SOURCE", "x").replace(old, new))
+    assert caught.value.field == field
+    assert str(recipes_dir / "lock.toml") in str(caught.value)
+    assert words in str(caught.value)
+
+
+def test_rule_mismatch_between_packages(recipes_dir):
+    (recipes_dir / "torch.toml").write_text(recipe("torch", "2.6.0"))
+    lock = LOCK.replace("SOURCE", "x").replace('torch = "2.5.1"', 'torch = "2.6.0"')
+    lock += '\n[[rules]]\npackage = "torch"\nversions = "==2.6.*"\nrequires = { rocm = ">=6.2" }\nsource = "s"\n'
+    with pytest.raises(ConfigError) as caught:
+        check(recipes_dir, lock)
+    message = str(caught.value)
+    assert "torchvision 0.20.1 requires torch ==2.5.*, but lines.rocm6.2.versions.torch = 2.6.0" in message
+    assert "https://example.org/vision-matrix" in message
+
+
+def test_version_no_rule_covers(recipes_dir):
+    (recipes_dir / "torch.toml").write_text(recipe("torch", "2.7.0"))
+    with pytest.raises(ConfigError, match="no compatibility rule covers torch 2.7.0"):
+        check(recipes_dir, LOCK.replace("SOURCE", "x").replace('torch = "2.5.1"', 'torch = "2.7.0"'))
+
+
+def test_select_line(recipes_dir):
+    (recipes_dir / "lock.toml").write_text(LOCK.replace("SOURCE", "x"))
+    lock_file = load_lock(recipes_dir)
+    assert select_line(lock_file, None)[0] == "rocm6.2"
+    assert select_line(lock_file, None, host_rocm="6.2")[0] == "rocm6.2"
+    with pytest.raises(RocwheelsError, match="no line .* for this host's ROCm 6.4"):
+        select_line(lock_file, None, host_rocm="6.4")
+    with pytest.raises(ConfigError, match="no ROCm line named 'rocm7'"):
+        select_line(lock_file, "rocm7")
+
+
+def test_shipped_lock_checks_clean():
+    result = subprocess.run([sys.executable, "-m", "pipeline", "lock", "check"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "consistent" in result.stdout
+
+
+def test_cli_refuses_inconsistent_lock(recipes_dir):
+    (recipes_dir / "lock.toml").write_text(LOCK.replace("SOURCE", "x").replace('rocm = "6.2.4"', 'rocm = "6.4.1"'))
+    result = subprocess.run([sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "check"], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert "lines.rocm6.2.versions.torch" in result.stderr and "6.4.1" in result.stderr

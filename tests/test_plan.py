@@ -1,0 +1,119 @@
+"""Plans: dependency order, cycles, target checks and resolved environments."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.lock import load_lock
+from pipeline.plan import build_order, describe, make_plan
+from pipeline.recipes import load_recipes
+from pipeline.targets import parse_targets
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def recipe(name: str, depends_on: str = "", supported: str = '"gfx90a", "gfx942"') -> str:
+    return f"""name = "{name}"
+version = "1.0"
+depends_on = [{depends_on}]
+[source]
+path = "."
+[env]
+USE_ROCM = "1"
+BUILD_VERSION = "{{version}}+{{local_version}}"
+[targets]
+env = "PYTORCH_ROCM_ARCH"
+supported = [{supported}]
+[smoke]
+imports = ["{name.replace('-', '_')}"]
+"""
+
+
+LOCK = """default_line = "l"
+[lines.l]
+rocm = "6.2.4"
+builder_image = "localhost/base"
+image_source = "test"
+python = ["3.11"]
+targets = ["gfx90a", "gfx942", "gfx1100"]
+[lines.l.versions]
+"""
+
+
+def make_dir(tmp_path: Path, recipes: dict[str, str]) -> Path:
+    for name, text in recipes.items():
+        (tmp_path / f"{name}.toml").write_text(text)
+    (tmp_path / "lock.toml").write_text(LOCK + "".join(f'{n} = "1.0"\n' for n in recipes))
+    return tmp_path
+
+
+def plan_for(folder: Path, wanted, arch="gfx90a;gfx942"):
+    lock = load_lock(folder)
+    line = lock.line("l")
+    return make_plan(load_recipes(folder), wanted, recipes_dir=folder, line_name="l", line=line, targets=parse_targets(arch), jobs=3)
+
+
+def test_dependencies_come_first(tmp_path):
+    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", '"torch"'), "vllm": recipe("vllm", '"torch", "vision"')})
+    order = [r.name for r in build_order(load_recipes(folder), ["vllm"], folder)]
+    assert order == ["torch", "vision", "vllm"]
+
+
+def test_cycle_is_named(tmp_path):
+    folder = make_dir(tmp_path, {"a": recipe("a", '"b"'), "b": recipe("b", '"a"')})
+    with pytest.raises(ConfigError) as caught:
+        build_order(load_recipes(folder), ["a"], folder)
+    assert "a.toml: depends_on: dependency cycle: a -> b -> a" in str(caught.value)
+
+
+def test_environment_is_resolved(tmp_path):
+    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", '"torch"')})
+    plan = plan_for(folder, ["vision"])
+    torch, vision = plan.steps
+    assert torch.env["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942"
+    assert torch.env["BUILD_VERSION"] == "1.0+rocm6.2"
+    assert torch.env["USE_ROCM"] == "1"
+    assert vision.dependencies == (("torch", "1.0+rocm6.2"),)
+    text = describe(plan)
+    assert "1. torch 1.0+rocm6.2" in text and "2. vision" in text and "PYTORCH_ROCM_ARCH=gfx90a;gfx942" in text
+
+
+def test_target_unsupported_by_recipe(tmp_path):
+    folder = make_dir(tmp_path, {"fa": recipe("fa", supported='"gfx942"')})
+    with pytest.raises(RocwheelsError) as caught:
+        plan_for(folder, ["fa"], arch="gfx90a")
+    assert "gfx90a not supported by recipe fa" in str(caught.value)
+    assert "targets.supported" in str(caught.value) and "fa.toml" in str(caught.value)
+
+
+def test_target_unsupported_by_line(tmp_path):
+    folder = make_dir(tmp_path, {"fa": recipe("fa")})
+    with pytest.raises(RocwheelsError, match=r"gfx950 not supported by ROCm line l .*lines.l.targets"):
+        plan_for(folder, ["fa"], arch="gfx950")
+
+
+def test_unknown_recipe(tmp_path):
+    folder = make_dir(tmp_path, {"fa": recipe("fa")})
+    with pytest.raises(RocwheelsError, match="unknown recipe.*: nope"):
+        plan_for(folder, ["nope"])
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True)
+
+
+def test_plan_cli_runs_nothing(tmp_path):
+    result = run_cli("--work-dir", tmp_path / "work", "plan", "--arch", "gfx90a", "--rocm", "debian12", "--recipes", "rocm-canary")
+    assert result.returncode == 0, result.stderr
+    assert "ROCM_CANARY_OFFLOAD_FLAGS=--offload-arch=gfx90a" in result.stdout
+    assert not (tmp_path / "work").exists()
+
+
+def test_plan_cli_unknown_target():
+    result = run_cli("plan", "--arch", "gfx9999", "--rocm", "debian12")
+    assert result.returncode == 1
+    assert "unknown GPU target 'gfx9999'" in result.stderr and "gfx942" in result.stderr
+    assert "Traceback" not in result.stderr
