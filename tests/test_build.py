@@ -1,0 +1,83 @@
+"""The local build driver, for real: the canary built with this host's hipcc."""
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import build_local
+from pipeline.elf import read_elf
+from pipeline.errors import CommandError
+from pipeline.host import host_rocm_version
+from pipeline.layout import Layout
+from pipeline.lock import load_lock, select_line
+from pipeline.offload import gpu_targets, parse_fatbin
+from pipeline.plan import make_plan
+from pipeline.recipes import load_recipes
+from pipeline.targets import parse_targets
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.hipcc
+
+
+@pytest.fixture(scope="session")
+def host_line(hipcc):
+    """The lock line for this host's ROCm (Debian 12: debian12, Debian 13: debian13)."""
+    return select_line(load_lock(REPO / "recipes"), None, host_rocm_version())
+
+
+@pytest.fixture(scope="session")
+def canary_targets(hip_targets, host_line):
+    """Targets both the local hipcc compiles (probed) and the host's lock line lists."""
+    targets = tuple(t for t in hip_targets if t in host_line[1].targets)
+    assert targets, f"hipcc compiles {hip_targets}, the lock line lists {host_line[1].targets}"
+    return targets
+
+
+def canary_plan(layout: Layout, line, targets: tuple[str, ...]):
+    name, line = line
+    return make_plan(load_recipes(layout.recipes_dir), ["rocm-canary"], recipes_dir=layout.recipes_dir,
+                     line_name=name, line=line, targets=parse_targets(";".join(targets)))
+
+
+@pytest.fixture(scope="session")
+def built_canary(tmp_path_factory, host_line, canary_targets):
+    root = tmp_path_factory.mktemp("canary-build")
+    layout = Layout(REPO / "recipes", root / "wheelhouse", root / "work")
+    (step,) = canary_plan(layout, host_line, canary_targets).steps
+    return layout, build_local(step, layout)
+
+
+def test_canary_wheel_links_hip_and_carries_exactly_the_targets(built_canary, canary_targets, host_line, tmp_path):
+    layout, built = built_canary
+    assert built.path.parent == layout.raw("rocm-canary")
+    assert f"+{host_line[1].local_version}-" in built.path.name
+    with zipfile.ZipFile(built.path) as wheel:
+        (extension,) = [n for n in wheel.namelist() if n.endswith(".so")]
+        wheel.extract(extension, tmp_path)
+    info = read_elf(tmp_path / extension)
+    assert any(lib.startswith("libamdhip64.so") for lib in info.needed), info.needed
+    assert info.hip_fatbin is not None
+    assert gpu_targets(parse_fatbin(info.hip_fatbin)) == tuple(sorted(canary_targets))
+
+
+def test_raw_wheel_stays_out_of_the_wheelhouse(built_canary):
+    layout, built = built_canary
+    assert not list(layout.wheelhouse.glob("*.whl"))
+    log = layout.log_file("rocm-canary").read_text()
+    assert "+ " in log and "hipcc" in log and "--offload-arch=" in log
+
+
+def test_failed_build_names_the_log_and_leaves_no_wheel(tmp_path, host_line, canary_targets):
+    recipes = tmp_path / "recipes"
+    (recipes / "rocm-canary").mkdir(parents=True)
+    (recipes / "rocm-canary" / "setup.py").write_text("raise SystemExit('deliberately broken')\n")
+    (recipes / "rocm-canary.toml").write_text((REPO / "recipes" / "rocm-canary.toml").read_text())
+    (recipes / "lock.toml").write_text((REPO / "recipes" / "lock.toml").read_text())
+    layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
+    (step,) = canary_plan(layout, host_line, canary_targets).steps
+    with pytest.raises(CommandError) as caught:
+        build_local(step, layout)
+    assert str(layout.log_file("rocm-canary")) in str(caught.value)
+    assert "deliberately broken" in str(caught.value)
+    assert not list(tmp_path.rglob("*.whl"))
