@@ -1,0 +1,226 @@
+"""Offload bundles: parsed from real hipcc output, and from compressed (CCOB) bundles assembled
+here from the documented format around a real plain bundle (clang 15 cannot compress)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from conftest import HIP_ENV, offload_args
+from pipeline.cmd import run
+from pipeline.elf import read_elf
+from pipeline.errors import RocwheelsError
+from pipeline.offload import Bundle, BundleEntry, OffloadBundleError, gpu_targets, parse_fatbin
+
+SECOND_KERNEL = """#include <hip/hip_runtime.h>
+__global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }
+"""
+
+
+def ccob(plain: bytes, version: int, method: str) -> bytes:
+    """A compressed bundle laid out as clang writes it: 'CCOB', u16 version, u16 method,
+    [v2: u32 total size | v3: u64 total size], uncompressed size (u32, v3: u64), u64 hash."""
+    method_id = {"zlib": 0, "zstd": 1}[method]
+    stream = zlib.compress(plain) if method == "zlib" else zstandard.ZstdCompressor().compress(plain)
+    digest = 0x0123456789ABCDEF  # the parser does not check the hash
+    if version == 1:
+        return struct.pack("<4sHHIQ", b"CCOB", 1, method_id, len(plain), digest) + stream
+    if version == 2:
+        return struct.pack("<4sHHIIQ", b"CCOB", 2, method_id, 24 + len(stream), len(plain), digest) + stream
+    return struct.pack("<4sHHQQQ", b"CCOB", 3, method_id, 32 + len(stream), len(plain), digest) + stream
+
+
+def padded(data: bytes, align: int = 4096) -> bytes:
+    return data + bytes(-len(data) % align)
+
+
+@pytest.fixture(scope="module")
+def fatbin(hip_library: Path) -> bytes:
+    data = read_elf(hip_library).hip_fatbin
+    assert data is not None, f"{hip_library} has no .hip_fatbin section"
+    return data
+
+
+@pytest.fixture(scope="module")
+def plain(fatbin: bytes) -> bytes:
+    """The one plain bundle hipcc wrote, without the section's trailing padding."""
+    (bundle,) = parse_fatbin(fatbin)
+    return fatbin[bundle.offset:bundle.offset + bundle.size]
+
+
+# --- real hipcc output -------------------------------------------------------------------------
+
+
+@pytest.mark.hipcc
+def test_hipcc_library_holds_one_plain_bundle_for_the_probed_targets(fatbin, hip_targets):
+    (bundle,) = parse_fatbin(fatbin)
+    assert (bundle.offset, bundle.compression, bundle.ccob_version) == (0, None, None)
+    assert gpu_targets([bundle]) == tuple(sorted(hip_targets))
+    hosts = [e for e in bundle.entries if e.processor is None]
+    assert len(hosts) == 1 and hosts[0].triple_id.startswith("host-x86_64-")
+    assert hosts[0].size == 0
+    for entry in bundle.entries:
+        if entry.processor:
+            assert entry.triple_id == f"hipv4-amdgcn-amd-amdhsa--{entry.target_id}"
+            assert fatbin[entry.offset:entry.offset + 4] == b"\x7fELF"
+
+
+@pytest.mark.hipcc
+def test_two_translation_units_give_two_bundles_with_padding(hipcc, hip_kernel, hip_targets, tmp_path):
+    second = tmp_path / "second.hip"
+    second.write_text(SECOND_KERNEL)
+    first_obj, second_obj, library = tmp_path / "a.o", tmp_path / "b.o", tmp_path / "libtwo.so"
+    run([hipcc, "-fPIC", "-c", *offload_args(hip_targets), hip_kernel, "-o", first_obj], env=HIP_ENV)
+    run([hipcc, "-fPIC", "-c", *offload_args(hip_targets[:1]), second, "-o", second_obj], env=HIP_ENV)
+    run([hipcc, "-shared", *offload_args(hip_targets), first_obj, second_obj, "-o", library], env=HIP_ENV)
+    data = read_elf(library).hip_fatbin
+
+    first, last = parse_fatbin(data)
+    assert first.offset == 0 and last.offset > first.size
+    assert data[first.size:last.offset] == bytes(last.offset - first.size)
+    assert gpu_targets([first]) == tuple(sorted(hip_targets))
+    assert gpu_targets([last]) == hip_targets[:1]
+
+
+@pytest.mark.hipcc
+def test_hipcc_compressed_bundles_when_clang_can_write_them(hipcc, hip_kernel, hip_targets, tmp_path):
+    library = tmp_path / "libcompressed.so"
+    args = [hipcc, "-fPIC", "-shared", "--offload-compress", *offload_args(hip_targets), hip_kernel, "-o", library]
+    result = run(args, env=HIP_ENV, check=False)
+    if result.returncode != 0:
+        assert "offload-compress" in result.output, result.output
+        pytest.skip("this clang has no --offload-compress; the assembled CCOB tests below cover the format")
+    bundles = parse_fatbin(read_elf(library).hip_fatbin)
+    assert all(b.compression in ("zlib", "zstd") for b in bundles)
+    assert gpu_targets(bundles) == tuple(sorted(hip_targets))
+
+
+# --- compressed bundles around the real plain bundle --------------------------------------------
+
+
+@pytest.mark.hipcc
+@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("method", ["zlib", "zstd"])
+@pytest.mark.parametrize("align", [1, 4096], ids=["adjacent", "padded"])
+def test_compressed_bundles_back_to_back(plain, hip_targets, version, method, align):
+    blob = ccob(plain, version, method)
+    data = padded(blob, align) + padded(blob, align)
+
+    first, second = parse_fatbin(data)
+    expected = parse_fatbin(plain)[0].entries
+    assert (first.offset, first.size) == (0, len(blob))
+    assert (second.offset, second.size) == (len(padded(blob, align)), len(blob))
+    for bundle in (first, second):
+        assert (bundle.compression, bundle.ccob_version, bundle.entries) == (method, version, expected)
+    assert gpu_targets([first, second]) == tuple(sorted(hip_targets))
+
+
+@pytest.mark.hipcc
+def test_plain_and_compressed_bundles_mixed(plain):
+    data = padded(plain) + padded(ccob(plain, 1, "zlib")) + ccob(plain, 3, "zstd") + bytes(100)
+    bundles = parse_fatbin(data)
+    assert [(b.compression, b.ccob_version) for b in bundles] == [(None, None), ("zlib", 1), ("zstd", 3)]
+    assert len({b.entries for b in bundles}) == 1
+
+
+# --- damaged input ------------------------------------------------------------------------------
+
+
+@pytest.mark.hipcc
+@pytest.mark.parametrize("kind", ["plain", "v1-zlib", "v1-zstd", "v2-zlib", "v3-zstd"])
+def test_every_truncation_is_reported(plain, kind):
+    if kind == "plain":
+        data = plain
+    else:
+        version, method = kind.split("-")
+        data = ccob(plain, int(version[1:]), method)
+    for length in range(1, len(data)):
+        with pytest.raises(OffloadBundleError):
+            parse_fatbin(data[:length])
+
+
+def _set(data: bytes, offset: int, fmt: str, value: int) -> bytes:
+    patched = bytearray(data)
+    struct.pack_into(fmt, patched, offset, value)
+    return bytes(patched)
+
+
+def _zero_stream(blob: bytes, header_size: int) -> bytes:
+    return blob[:header_size] + bytes(len(blob) - header_size)
+
+
+# Offsets in a plain bundle: magic (24), count at 24, then per entry offset, size, id length.
+GARBLED_PLAIN = {
+    "magic": (lambda p: b"X" + p[1:], "at 0x0: expected"),
+    "entry count": (lambda p: _set(p, 24, "<Q", 2**62), "entries need at least"),
+    "id length": (lambda p: _set(p, 48, "<Q", 2**40), "has an id of"),
+    "entry size": (lambda p: _set(p, 40, "<Q", 2**40), "past the end"),
+    "id bytes": (lambda p: p[:56] + b"\xff" + p[57:], "garbled id"),
+    "junk in padding": (lambda p: padded(p)[:-1] + b"\x01" + p, "found bytes 01"),
+}
+
+
+@pytest.mark.hipcc
+@pytest.mark.parametrize("damage", GARBLED_PLAIN, ids=list(GARBLED_PLAIN))
+def test_garbled_plain_bundle(plain, damage):
+    garble, message = GARBLED_PLAIN[damage]
+    with pytest.raises(OffloadBundleError, match=message):
+        parse_fatbin(garble(plain))
+
+
+GARBLED_CCOB = {
+    "unknown version": (lambda p: _set(ccob(p, 3, "zstd"), 4, "<H", 9), "unknown CCOB version 9"),
+    "unknown method": (lambda p: _set(ccob(p, 2, "zlib"), 6, "<H", 5), "unknown compression method 5"),
+    "wrong size": (lambda p: _set(ccob(p, 1, "zlib"), 8, "<I", len(p) + 1), "header says"),
+    "total past end": (lambda p: _set(ccob(p, 2, "zstd"), 8, "<I", 2**31), "total size"),
+    "total in header": (lambda p: _set(ccob(p, 3, "zlib"), 8, "<Q", 3), "total size"),
+    "zlib stream": (lambda p: _zero_stream(ccob(p, 3, "zlib"), 32), "garbled zlib stream"),
+    "zstd stream": (lambda p: _zero_stream(ccob(p, 1, "zstd"), 20), "garbled zstd stream"),
+    "not a bundle inside": (lambda p: ccob(b"not a bundle", 2, "zstd"), r"\(inflated\): expected magic"),
+}
+
+
+@pytest.mark.hipcc
+@pytest.mark.parametrize("damage", GARBLED_CCOB, ids=list(GARBLED_CCOB))
+def test_garbled_compressed_bundle(plain, damage):
+    garble, message = GARBLED_CCOB[damage]
+    with pytest.raises(OffloadBundleError, match=message) as caught:
+        parse_fatbin(padded(plain) + garble(plain))
+    assert "compressed offload bundle at 0x" in str(caught.value)
+    assert isinstance(caught.value, RocwheelsError)
+
+
+# --- ids and targets ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "triple_id, target_id, processor",
+    [
+        ("hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-", "gfx942:sramecc+:xnack-", "gfx942"),
+        ("hipv4-amdgcn-amd-amdhsa--gfx90a", "gfx90a", "gfx90a"),
+        ("hip-amdgcn-amd-amdhsa-gfx906", "gfx906", "gfx906"),  # older ids had no environment
+        ("hipv4-amdgcn-amd-amdhsa--gfx9-4-generic:xnack+", "gfx9-4-generic:xnack+", "gfx9-4-generic"),
+        ("host-x86_64-unknown-linux", None, None),  # hipcc 5.2
+        ("host-x86_64-unknown-linux-gnu", None, None),
+        ("hipv4-x86_64-unknown-linux-gnu", None, None),
+    ],
+)
+def test_bundle_entry_ids(triple_id, target_id, processor):
+    entry = BundleEntry(triple_id, 0, 0)
+    assert (entry.target_id, entry.processor) == (target_id, processor)
+
+
+def test_gpu_targets_are_distinct_processors_sorted():
+    ids = ["host-x86_64-unknown-linux-gnu", "hipv4-amdgcn-amd-amdhsa--gfx942:xnack+",
+           "hipv4-amdgcn-amd-amdhsa--gfx942:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx90a"]
+    bundles = [Bundle(0, 0, None, None, tuple(BundleEntry(i, 0, 0) for i in ids))]
+    assert gpu_targets(bundles) == ("gfx90a", "gfx942")
+
+
+def test_empty_or_all_padding_section_has_no_bundles():
+    assert parse_fatbin(b"") == ()
+    assert parse_fatbin(bytes(4096)) == ()
