@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from pydantic import field_validator
+from pydantic import field_validator, model_validator
 
 from .errors import ConfigError, RocwheelsError
 from .models import Model, read_toml, validate
@@ -36,6 +36,7 @@ class Line(Model):
     image_source: str
     python: tuple[str, ...]
     targets: tuple[str, ...]
+    targets_source: str = ""
     rocm_path: str = "/opt/rocm"
     rocm_lib_dir: str | None = None
     platform: str | None = None
@@ -48,12 +49,17 @@ class Line(Model):
             raise ValueError(f"{rocm!r} is not a ROCm release such as 6.2 or 6.2.4")
         return rocm
 
-    @field_validator("builder_image")
-    @classmethod
-    def _pinned(cls, image: str) -> str:
-        if not (_DIGEST.search(image) or image.startswith(_LOCAL_IMAGE)):
-            raise ValueError(f"{image!r} is not pinned: append @sha256:<64 hex digits> (a tag can move)")
-        return image
+    @model_validator(mode="after")
+    def _pinned(self) -> Line:
+        # An unpinned registry image is tolerated only when the lock says so (the tool then warns,
+        # and the container driver refuses it until it is pinned).
+        if not (self.pinned or _is_unverified(self.image_source)):
+            raise ValueError(f"builder_image: {self.builder_image!r} is not pinned: append @sha256:<64 hex digits> (a tag can move), or say image_source = \"unverified: ...\"")
+        return self
+
+    @property
+    def pinned(self) -> bool:
+        return bool(_DIGEST.search(self.builder_image)) or self.builder_image.startswith(_LOCAL_IMAGE)
 
     @field_validator("python")
     @classmethod
@@ -123,6 +129,10 @@ class LockFile:
         return self.lock.lines[name]
 
 
+def _is_unverified(source: str) -> bool:
+    return source.strip().lower().startswith(UNVERIFIED)
+
+
 def _specifier(spec: str) -> SpecifierSet:
     try:
         return SpecifierSet(spec)
@@ -145,10 +155,13 @@ def check_lock(lock_file: LockFile, recipes: dict[str, Recipe]) -> list[str]:
         where = f"lines.{name}"
         _check_line_recipes(path, where, line, recipes)
         _check_rules(path, where, line, lock.rules)
-        if line.image_source.lower().startswith(UNVERIFIED):
-            warnings.append(f"{path}: {where}.builder_image is unverified ({line.image_source})")
+        if _is_unverified(line.image_source):
+            pin = "" if line.pinned else "; not pinned by digest: the container driver refuses it until it is"
+            warnings.append(f"{path}: {where}.builder_image is unverified ({line.image_source}){pin}")
+        if _is_unverified(line.targets_source):
+            warnings.append(f"{path}: {where}.targets is unverified ({line.targets_source})")
     for index, rule in enumerate(lock.rules):
-        if rule.source.lower().startswith(UNVERIFIED):
+        if _is_unverified(rule.source):
             warnings.append(f"{path}: rules[{index}] ({rule.package} {rule.versions}) is unverified: {rule.source}")
     return warnings
 

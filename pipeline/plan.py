@@ -92,17 +92,28 @@ def make_plan(
         check_supported(targets, recipe.targets.supported, what=f"recipe {recipe.name} ({recipe_path(recipes_dir, recipe.name)} targets.supported)")
     jobs = jobs or os.cpu_count() or 1
     steps = tuple(
-        _step(recipe, line, targets, jobs, tuple((recipes[d].dist_name, f"{recipes[d].version}+{line.local_version}") for d in recipe.depends_on))
+        _step(recipe, line, targets, jobs, tuple((recipes[d].dist_name, wheel_version(recipes[d], line)) for d in recipe.depends_on))
         for recipe in ordered
     )
     return Plan(line_name, line, targets, steps)
 
 
+def _rocm_values(line: Line) -> dict[str, str]:
+    parts = line.rocm.split(".")
+    return {"rocm": line.rocm, "rocm_short": ".".join(parts[:2]), "rocm_digits": "".join(parts)[:3]}
+
+
+def wheel_version(recipe: Recipe, line: Line) -> str:
+    """The exact version a wheel of ``recipe`` built for ``line`` carries: ``2.5.1+rocm6.2``."""
+    return f"{recipe.version}+{recipe.local_version.format_map(_rocm_values(line))}"
+
+
 def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int, dependencies: tuple[tuple[str, str], ...]) -> Step:
+    version = wheel_version(recipe, line)
     values = {
+        **_rocm_values(line),
         "version": recipe.version,
-        "local_version": line.local_version,
-        "rocm": line.rocm,
+        "local_version": version.split("+", 1)[1],
         "rocm_path": line.rocm_path,
         "targets": format_targets(targets, separator=recipe.targets.separator, prefix=recipe.targets.prefix),
         "jobs": str(jobs),
@@ -112,7 +123,7 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
         **{key: value.format_map(values) for key, value in recipe.env.items()},
         recipe.targets.env: values["targets"],
         # Read back by the later stages: what version the built wheel must carry.
-        "ROCWHEELS_WHEEL_VERSION": f"{recipe.version}+{line.local_version}",
+        "ROCWHEELS_WHEEL_VERSION": version,
     }
     pre = tuple(command.format_map(values) for command in recipe.build.pre)
     args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
@@ -124,7 +135,7 @@ def describe(plan: Plan) -> str:
     lines = [
         f"ROCm line {plan.line_name}: ROCm {plan.line.rocm}, local version +{plan.line.local_version}",
         f"GPU targets: {', '.join(map(str, plan.targets))}",
-        f"Python: {sys.version_info.major}.{sys.version_info.minor} (local driver); lock: {', '.join(plan.line.python)}",
+        f"Python: {', '.join(plan.line.python)} in the container; {sys.version_info.major}.{sys.version_info.minor} (this interpreter) with DRIVER=local",
     ]
     for number, step in enumerate(plan.steps, 1):
         recipe = step.recipe

@@ -17,8 +17,10 @@ from .targets import known_processors
 # What ``{...}`` in a recipe's env and pre-build commands may refer to; filled in by the plan.
 PLACEHOLDERS = {
     "version": "the recipe's version, e.g. 2.5.1",
-    "local_version": "the local version label of the lock line, e.g. rocm6.2",
+    "local_version": "the recipe's resolved local version label, e.g. rocm6.2",
     "rocm": "the lock line's ROCm release, e.g. 6.2.4",
+    "rocm_short": "major.minor of the ROCm release, e.g. 6.2",
+    "rocm_digits": "the first three digits of the ROCm release, e.g. 624",
     "rocm_path": "the ROCm install prefix, e.g. /opt/rocm",
     "targets": "the GPU targets in the recipe's own format ([targets] separator/prefix)",
     "jobs": "parallel compile jobs",
@@ -103,6 +105,8 @@ class Recipe(Model):
     name: str
     version: str
     distribution: str | None = None
+    # The +local label the package's build gives its wheel; most take it from the environment.
+    local_version: str = "rocm{rocm_short}"
     description: str = ""
     source: Source
     build: Build = Build()
@@ -122,6 +126,12 @@ class Recipe(Model):
         if parsed.local:
             raise ValueError("leave out the local part (+rocm...): rocwheels adds it from the lock line")
         return version
+
+    @field_validator("local_version")
+    @classmethod
+    def _label_placeholders(cls, label: str) -> str:
+        _check_placeholders(label, "", allowed=("rocm", "rocm_short", "rocm_digits"))
+        return label
 
     @field_validator("env")
     @classmethod
@@ -144,11 +154,12 @@ class Recipe(Model):
         return canonicalize_name(self.distribution or self.name).replace("-", "_")
 
 
-def _check_placeholders(text: str, where: str) -> None:
+def _check_placeholders(text: str, where: str, allowed: tuple[str, ...] = tuple(PLACEHOLDERS)) -> None:
+    prefix = f"{where}: " if where else ""
     for _, field, _, _ in string.Formatter().parse(text):
-        if field is not None and field not in PLACEHOLDERS:
-            known = ", ".join("{" + p + "}" for p in PLACEHOLDERS)
-            raise ValueError(f"{where}: unknown placeholder {{{field}}}; known: {known} (write {{{{ }}}} for a literal brace)")
+        if field is not None and field not in allowed:
+            known = ", ".join("{" + p + "}" for p in allowed)
+            raise ValueError(f"{prefix}unknown placeholder {{{field}}}; known: {known} (write {{{{ }}}} for a literal brace)")
 
 
 def recipe_path(recipes_dir: Path, name: str) -> Path:
