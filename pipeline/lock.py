@@ -37,7 +37,7 @@ class Line(Model):
     python: tuple[str, ...]
     targets: tuple[str, ...]
     targets_source: str = ""
-    rocm_path: str = "/opt/rocm"
+    rocm_path: str = "/opt/rocm"  # "" for a distribution's ROCm in the system folders
     rocm_lib_dir: str | None = None
     platform: str | None = None
     versions: dict[str, str]
@@ -85,7 +85,7 @@ class Line(Model):
 
     @property
     def lib_dir(self) -> str:
-        return self.rocm_lib_dir or f"{self.rocm_path.rstrip('/')}/lib"
+        return self.rocm_lib_dir or f"{self.rocm_path.rstrip('/') or '/usr'}/lib"
 
 
 class Rule(Model):

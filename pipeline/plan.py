@@ -119,7 +119,7 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
         "jobs": str(jobs),
     }
     env = {
-        "ROCM_PATH": line.rocm_path,
+        **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
         **{key: value.format_map(values) for key, value in recipe.env.items()},
         recipe.targets.env: values["targets"],
         # Read back by the later stages: what version the built wheel must carry.
