@@ -31,6 +31,8 @@ class BuiltWheel:
     path: Path
     log_file: Path
     seconds: float
+    repaired: bool = False  # the container driver repairs inside the builder image
+    note: str = ""  # shown in the summary (e.g. the compiler cache hit rate)
 
 
 def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None) -> BuiltWheel:

@@ -9,14 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import click
+from packaging.utils import parse_wheel_filename
 
 from . import lock as lockmod
 from .errors import RocwheelsError
 from .host import host_rocm_version
 from .layout import Layout
 from .log import setup_logging
-from .plan import Plan, describe, make_plan
-from .recipes import load_recipes
+from .lock import Line
+from .plan import Plan, describe, make_plan, wheel_version
+from .recipes import Recipe, Repair, load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -37,13 +39,13 @@ def load_plan(layout: Layout, recipes: str | None, arch: str, rocm: str | None, 
     targets = parse_targets(arch)
     all_recipes = load_recipes(layout.recipes_dir)
     lock_file = lockmod.load_lock(layout.recipes_dir)
-    for warning in lockmod.check_lock(lock_file, all_recipes):
-        log.warning("warning: %s", warning)
     host = host_rocm_version() if driver == "local" and not rocm else None
     if driver == "local" and not rocm and host is None:
         raise RocwheelsError("no ROCm toolchain found on this host (no /opt/rocm/.info/version, no hipcc)",
                              fix="install ROCm (on Debian: apt-get install hipcc), or build in the container with DRIVER=container")
     line_name, line = lockmod.select_line(lock_file, rocm, host)
+    for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
+        log.warning("warning: %s", warning)
     wanted = _split(recipes) or list(line.versions)
     return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets)
 
@@ -110,6 +112,128 @@ def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None
     for step in plan.steps:
         built = build_local(step, obj.layout)
         click.echo(f"{built.recipe}: raw wheel {built.path}")
+
+
+def _wheel_context(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:
+    """The recipe that makes this wheel and the lock line it was built for, where they can be told."""
+    name, version = parse_wheel_filename(wheel.name)[:2]
+    recipes = load_recipes(layout.recipes_dir)
+    recipe = next((r for r in recipes.values() if r.dist_name == name.replace("-", "_")), None)
+    lock_file = lockmod.load_lock(layout.recipes_dir)
+    if rocm:
+        return recipe, lock_file.line(rocm)
+    for line in lock_file.lock.lines.values():
+        label = wheel_version(recipe, line) if recipe else f"{version.public}+{line.local_version}"
+        if label == str(version):
+            return recipe, line
+    return recipe, None
+
+
+def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
+    if not wheels:
+        raise click.UsageError("give one or more wheel files")
+    return [w.resolve() for w in wheels]
+
+
+@cli.command("wheels")
+@target_options
+@click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
+@click.pass_obj
+def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, force: bool) -> None:
+    """Build, repair and verify: only verified wheels reach the wheelhouse."""
+    from .wheels import make_wheels, summary_table
+
+    plan = load_plan(obj.layout, recipes, arch, rocm, driver)
+    outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
+    summary_table(outcomes)
+    if any(o.status in ("failed", "skipped") for o in outcomes):
+        raise RocwheelsError("some recipes failed; their logs are in " + str(obj.layout.logs))
+
+
+@cli.command("repair")
+@click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("-w", "--wheel-dir", type=click.Path(path_type=Path, file_okay=False), default=None, help="output folder (default: the wheelhouse)")
+@click.option("--rocm", default=None, help="lock line whose ROCm library folder and platform apply (default: from the wheel's +rocm label)")
+@click.option("--rocm-lib-dir", default=None, help="ROCm library folder for the RPATH (default: the lock line's, else /opt/rocm/lib)")
+@click.option("--exclude", multiple=True, help="soname pattern never grafted, on top of the ROCm list and the recipe's (repeatable)")
+@click.option("--link-package", multiple=True, help="'<folder in site-packages>:<soname patterns>' (repeatable), e.g. torch/lib:libtorch*.so*")
+@click.option("--rpath", multiple=True, help="extra RPATH entry to keep (repeatable)")
+@click.option("--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)")
+@click.pass_obj
+def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | None, rocm: str | None, rocm_lib_dir: str | None,
+                   exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None) -> None:
+    """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
+
+    Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
+    the options given (inside the builder container only the options apply).
+    """
+    from .repair import repair_wheel
+
+    for wheel in _wheel_paths(wheels):
+        recipe, line = _wheel_context(obj.layout, wheel, rocm) if obj.layout.recipes_dir.is_dir() else (None, None)
+        repair = recipe.repair if recipe else Repair()
+        repaired = repair_wheel(
+            wheel, (wheel_dir or obj.layout.wheelhouse).resolve(),
+            extra_excludes=(*repair.exclude, *exclude),
+            rocm_lib_dir=rocm_lib_dir or (line.lib_dir if line else "/opt/rocm/lib"),
+            link_packages=(*repair.link_packages, *link_package), extra_rpath=(*repair.rpath, *rpath),
+            plat=plat or (line.platform if line else None),
+        )
+        click.echo(str(repaired))
+
+
+@cli.command("verify")
+@click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--arch", default=None, help="GPU targets the wheels must carry (missing: error, extra: warning)")
+@click.option("--rocm", default=None, help="lock line to check against (default: from the wheel's +rocm label)")
+@click.option("--rocm-lib-dir", default=None, help="ROCm library folder of the target machines (default: the lock line's)")
+@click.option("--no-smoke", is_flag=True, help="skip the install-and-import test")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable report")
+@click.pass_obj
+def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, rocm: str | None, rocm_lib_dir: str | None, no_smoke: bool, as_json: bool) -> None:
+    """Prove what is inside each wheel; exit status 1 on any error."""
+    from dataclasses import replace
+
+    from .analyze import TargetLayout
+    from .verify import Expectations, expectations_for, format_report, reports_json, verify_wheel
+
+    targets = tuple(t.processor for t in parse_targets(arch)) if arch else None
+    reports = []
+    for wheel in _wheel_paths(wheels):
+        recipe, line = _wheel_context(obj.layout, wheel, rocm)
+        if recipe and line:
+            expect = expectations_for(recipe, line, targets, version=wheel_version(recipe, line))
+        else:
+            expect = Expectations(targets=targets)
+        if rocm_lib_dir:
+            expect = replace(expect, layout=replace(expect.layout, rocm_lib_dir=rocm_lib_dir))
+        reports.append(verify_wheel(wheel, expect, smoke=not no_smoke, scratch=obj.layout.work_dir))
+    click.echo(reports_json(reports) if as_json else "\n".join(format_report(r) for r in reports))
+    if not all(r.ok for r in reports):
+        sys.exit(1)
+
+
+@cli.command("inspect")
+@click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--rocm-lib-dir", default="/opt/rocm/lib", show_default=True, help="where ROCm libraries are expected on the target machines")
+def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
+    """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
+    from rich.console import Console
+
+    from .analyze import TargetLayout
+    from .inspection import inspect_wheel, render
+
+    console = Console()
+    for wheel in _wheel_paths(wheels):
+        render(inspect_wheel(wheel, TargetLayout(rocm_lib_dir=rocm_lib_dir)), console)
+
+
+def driver_for(driver: str, plan: Plan, layout: Layout):
+    if driver == "local":
+        from .wheels import local_driver
+
+        return local_driver
+    raise RocwheelsError("the container driver is not available yet", fix="use DRIVER=local on a ROCm host")
 
 
 def main() -> None:

@@ -145,23 +145,28 @@ def load_lock(recipes_dir: Path) -> LockFile:
     return LockFile(path, validate(Lock, read_toml(path), path))
 
 
-def check_lock(lock_file: LockFile, recipes: dict[str, Recipe]) -> list[str]:
-    """Raise ConfigError on the first inconsistency; return warnings about unverified pins."""
+def check_lock(lock_file: LockFile, recipes: dict[str, Recipe], *, warn_for: str | None = None) -> list[str]:
+    """Raise ConfigError on the first inconsistency; return warnings about unverified pins
+    (of every line, or only of line ``warn_for`` and the rules it uses)."""
     path, lock = lock_file.path, lock_file.lock
     if lock.default_line not in lock.lines:
         raise ConfigError(path, "default_line", f"{lock.default_line!r} is not a line", fix=f"use one of: {', '.join(lock.lines)}")
     warnings = []
+    used_rules: set[int] = set()
     for name, line in lock.lines.items():
         where = f"lines.{name}"
         _check_line_recipes(path, where, line, recipes)
-        _check_rules(path, where, line, lock.rules)
+        matched = _check_rules(path, where, line, lock.rules)
+        if warn_for not in (None, name):
+            continue
+        used_rules.update(matched)
         if _is_unverified(line.image_source):
             pin = "" if line.pinned else "; not pinned by digest: the container driver refuses it until it is"
             warnings.append(f"{path}: {where}.builder_image is unverified ({line.image_source}){pin}")
         if _is_unverified(line.targets_source):
             warnings.append(f"{path}: {where}.targets is unverified ({line.targets_source})")
     for index, rule in enumerate(lock.rules):
-        if _is_unverified(rule.source):
+        if index in used_rules and _is_unverified(rule.source):
             warnings.append(f"{path}: rules[{index}] ({rule.package} {rule.versions}) is unverified: {rule.source}")
     return warnings
 
@@ -179,13 +184,16 @@ def _check_line_recipes(path: Path, where: str, line: Line, recipes: dict[str, R
                 raise ConfigError(path, field, f"{package} depends on {dep}, which this line does not pin", fix=f"add {dep} to [{where}.versions]")
 
 
-def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) -> None:
+def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) -> set[int]:
+    """Check ``line`` against every rule; return the indices of the rules that apply to it."""
     pinned = {**line.versions, "rocm": line.rocm}
+    applied: set[int] = set()
     for package, version in line.versions.items():
         own_rules = [r for r in rules if r.package == package]
         if not own_rules:
             continue  # a package no rule mentions (the canary) goes with any line
         matching = [r for r in own_rules if Version(version) in SpecifierSet(r.versions)]
+        applied.update(rules.index(r) for r in matching)
         if not matching:
             known = "; ".join(r.versions for r in own_rules)
             raise ConfigError(path, f"{where}.versions.{package}", f"no compatibility rule covers {package} {version}", fix=f"pin a version the rules know ({known}) or add a rule with its source")
@@ -201,6 +209,7 @@ def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) ->
                         f"{package} {version} requires {other} {spec}, but {other_field} = {have}",
                         fix=f"allowed {other} for {package} {rule.versions}: {spec} (source: {rule.source})",
                     )
+    return applied
 
 
 def select_line(lock_file: LockFile, name: str | None, host_rocm: str | None = None) -> tuple[str, Line]:

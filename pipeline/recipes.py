@@ -10,8 +10,9 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from pydantic import StrictBool, field_validator, model_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, RocwheelsError
 from .models import Model, read_toml, validate
+from .rocm_policy import LinkPackage
 from .targets import known_processors
 
 # What ``{...}`` in a recipe's env and pre-build commands may refer to; filled in by the plan.
@@ -91,6 +92,16 @@ class Repair(Model):
     exclude: tuple[str, ...] = ()
     rpath: tuple[str, ...] = ()
     link_packages: tuple[str, ...] = ()
+
+    @field_validator("link_packages")
+    @classmethod
+    def _link_format(cls, entries: tuple[str, ...]) -> tuple[str, ...]:
+        for entry in entries:
+            try:
+                LinkPackage.parse(entry)
+            except RocwheelsError as exc:
+                raise ValueError(f"{exc.message} ({exc.fix})") from None
+        return entries
 
 
 class Smoke(Model):

@@ -1,0 +1,40 @@
+"""``rocwheels inspect``: a readable table of a wheel's ELF files. Works on any wheel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .analyze import Kind, TargetLayout, WheelAnalysis, analyze_wheel
+
+
+def inspect_wheel(wheel: Path, layout: TargetLayout | None = None) -> WheelAnalysis:
+    return analyze_wheel(wheel, layout)
+
+
+def render(analysis: WheelAnalysis, console: Console) -> None:
+    info = analysis.info
+    console.print(f"[bold]{info.path.name}[/bold]: {info.name} {info.version}, tags {', '.join(info.tags)}, "
+                  f"{len(analysis.members)} ELF file(s); ROCm library folder assumed: {analysis.layout.rocm_lib_dir}")
+    table = Table(show_lines=True)
+    for column in ("ELF file", "bundled", "ROCm (excluded)", "system", "missing", "RPATH", "GPU targets"):
+        table.add_column(column, overflow="fold")
+    for member in analysis.members:
+        def names(*kinds: Kind) -> str:
+            return "\n".join(d.soname + ("" if d.location else " (!)") for d in member.dependencies if d.kind in kinds)
+        missing = "\n".join(f"{d.soname}: {d.note}" for d in member.dependencies if d.location is None and d.kind is Kind.MISSING)
+        if member.fatbin_error:
+            targets = f"unreadable: {member.fatbin_error}"
+        elif member.amdgpu_processor:
+            targets = f"{member.amdgpu_processor} (code object)"
+        else:
+            compression = f"\n{member.bundles} bundle(s), {'/'.join(member.compression)}" if member.bundles else ""
+            targets = ", ".join(member.gpu_targets) + compression
+        table.add_row(member.install_path, names(Kind.BUNDLED), names(Kind.ROCM), names(Kind.SYSTEM, Kind.PACKAGE),
+                      missing, "\n".join(e or '""' for e in member.search_path), targets)
+    console.print(table)
+    unreachable = [(m.install_path, d) for m in analysis.members for d in m.dependencies if d.location is None and d.kind is not Kind.MISSING]
+    for path, dep in unreachable:
+        console.print(f"(!) {path}: {dep.soname}: {dep.note}")

@@ -1,0 +1,66 @@
+"""Smoke test: install a wheel into a fresh venv and run its recipe's import check.
+
+GPU checks (``gpu_code``) run only where the kernel exposes an AMD GPU (``/dev/kfd``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from .cmd import run
+from .errors import CommandError
+from .recipes import Smoke
+
+KFD = Path("/dev/kfd")
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    passed: bool
+    skipped: bool
+    message: str
+
+
+def gpu_present() -> bool:
+    return KFD.exists()
+
+
+def interpreter_for(wheel: Path) -> str | None:
+    """A Python on this machine that can install the wheel (its cpXY tag), or None."""
+    tags = parse_wheel_filename(wheel.name)[3]
+    versions = {tag.interpreter[2:] for tag in tags if tag.interpreter.startswith("cp")}
+    if not versions or f"{sys.version_info.major}{sys.version_info.minor}" in versions:
+        return sys.executable
+    for version in sorted(versions):
+        found = shutil.which(f"python{version[0]}.{version[1:]}")
+        if found:
+            return found
+    return None
+
+
+def smoke_test(wheel: Path, smoke: Smoke, *, extra_wheels: Sequence[Path] = (), log_file: Path | None = None, scratch: Path | None = None) -> SmokeResult:
+    python = interpreter_for(wheel)
+    if python is None:
+        return SmokeResult(False, True, f"no Python on this machine matches {wheel.name}; not installed")
+    with tempfile.TemporaryDirectory(prefix="rocwheels-smoke-", dir=scratch) as folder:
+        venv = Path(folder) / "venv"
+        venv_python = venv / "bin" / "python"
+        try:
+            run([python, "-m", "venv", venv], log_file=log_file)
+            run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", wheel, *extra_wheels], log_file=log_file, cwd=Path(folder))
+            snippets = [f"import {module}" for module in smoke.imports] + ([smoke.code] if smoke.code else [])
+            for snippet in snippets:
+                run([venv_python, "-c", snippet], log_file=log_file, cwd=Path(folder))
+            if smoke.gpu_code and gpu_present():
+                run([venv_python, "-c", smoke.gpu_code], log_file=log_file, cwd=Path(folder))
+        except CommandError as exc:
+            return SmokeResult(False, False, f"smoke test failed: {exc.message}")
+    gpu = "GPU check passed" if smoke.gpu_code and gpu_present() else "no GPU here: GPU check not run" if smoke.gpu_code else "no GPU check"
+    return SmokeResult(True, False, f"installed in a fresh venv; {', '.join(smoke.imports)} imported; {gpu}")
