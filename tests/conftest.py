@@ -1,0 +1,243 @@
+"""Fixtures shared by the test modules."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from pipeline.cmd import run
+
+# Without HIP_PLATFORM=amd, hipcc picks the nvcc that is also installed.
+HIP_ENV = {"HIP_PLATFORM": "amd"}
+# Processors worth trying: a session keeps those the local hipcc compiles for (HIP 5.2 rejects
+# gfx942 and lacks device libraries for gfx1100; newer toolchains take more).
+CANDIDATE_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx942", "gfx950", "gfx1030", "gfx1100")
+KERNEL = """#include <hip/hip_runtime.h>
+__global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }
+"""
+
+
+def offload_args(targets: tuple[str, ...]) -> list[str]:
+    return [f"--offload-arch={target}" for target in targets]
+
+
+@pytest.fixture(scope="session")
+def hipcc() -> str:
+    path = shutil.which("hipcc")
+    if path is None:
+        pytest.fail("hipcc is not on PATH: these tests build real HIP code (apt-get install -y hipcc)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def hip_kernel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    source = tmp_path_factory.mktemp("hip") / "kernel.hip"
+    source.write_text(KERNEL)
+    return source
+
+
+@pytest.fixture(scope="session")
+def hip_targets(hipcc: str, hip_kernel: Path) -> tuple[str, ...]:
+    """The candidate processors the local hipcc compiles a kernel for, in candidate order."""
+
+    def compiles(target: str) -> bool:
+        out = hip_kernel.with_name(f"probe-{target}.co")
+        args = [hipcc, "--genco", f"--offload-arch={target}", hip_kernel, "-o", out]
+        return run(args, env=HIP_ENV, check=False).returncode == 0
+
+    with ThreadPoolExecutor() as pool:
+        works = list(pool.map(compiles, CANDIDATE_TARGETS))
+    targets = tuple(t for t, ok in zip(CANDIDATE_TARGETS, works) if ok)
+    if not targets:
+        pytest.fail(f"hipcc compiles for none of {', '.join(CANDIDATE_TARGETS)}")
+    return targets
+
+
+@pytest.fixture(scope="session")
+def hip_library(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...]) -> Path:
+    """A real HIP shared library with device code for every probed target."""
+    library = hip_kernel.with_name("libkernel.so")
+    args = [hipcc, "-fPIC", "-shared", *offload_args(hip_targets), hip_kernel, "-o", library]
+    run(args, env=HIP_ENV)
+    return library
+
+
+
+# --- wheels, fresh venvs and an isolated pip (publish and index tests) ---
+
+import base64  # noqa: E402  (this section is appended; the imports above belong to the HIP fixtures)
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import zipfile  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import AbstractContextManager, contextmanager  # noqa: E402
+from functools import partial  # noqa: E402
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+
+# One fixed timestamp for every archive member: the same content always gives the same sha256.
+_ZIP_DATE = (2020, 1, 1, 0, 0, 0)
+
+
+def _write_wheel(directory: Path, name: str, version: str, build: str = "ours", requires: tuple[str, ...] = ()) -> Path:
+    module = name.replace("-", "_")
+    dist_info = f"{module}-{version}.dist-info"
+    members = {
+        f"{module}/__init__.py": f"BUILD = {build!r}\n",
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires),
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: rocwheels-tests\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = []
+    for member, text in members.items():
+        data = text.encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{member},sha256={digest},{len(data)}")
+    members[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{module}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member, text in members.items():
+            archive.writestr(zipfile.ZipInfo(member, _ZIP_DATE), text)
+    return path
+
+
+@pytest.fixture
+def make_wheel() -> Callable[..., Path]:
+    """``make_wheel(dir, name, version, build="ours", requires=())`` writes a small valid pure-Python wheel.
+
+    ``build`` becomes ``<module>.BUILD``, so two files of one name and version differ and an
+    install shows which one pip took.
+    """
+    return _write_wheel
+
+
+@pytest.fixture
+def fresh_venv(tmp_path: Path) -> Path:
+    """A new, empty venv; returns its python (fill it with the ``pip_install`` fixture)."""
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", venv])
+    return venv / "bin" / "python"
+
+
+def _pip_install(python: Path, *args: str) -> str:
+    argv = [sys.executable, "-m", "pip", "--python", python, "--isolated", "--disable-pip-version-check",
+            "install", "--no-cache-dir", *args]
+    return run(argv, env={"PIP_CONFIG_FILE": os.devnull}).output
+
+
+@pytest.fixture
+def pip_install() -> Callable[..., str]:
+    """``pip_install(python, *args)``: pip install into that venv, blind to this machine's pip settings.
+
+    /etc/xdg/pip, ~/.config/pip and PIP_* variables add indexes, find-links and constraints here:
+    PIP_CONFIG_FILE=/dev/null skips every config file and --isolated every PIP_* variable, leaving
+    only the indexes a test names. The pip doing the work is this project's (``--python`` aims it
+    at the venv): Python 3.11's bundled pip 23.2 rejects any hash in a constraints file.
+    """
+    return _pip_install
+
+
+def _installed_build(python: Path, module: str) -> str:
+    code = f"import importlib.metadata as m, {module}; print(m.version({module!r}), {module}.BUILD)"
+    return run([python, "-c", code]).output.strip()
+
+
+@pytest.fixture
+def installed_build() -> Callable[[Path, str], str]:
+    """``installed_build(python, module)`` -> ``"<version> <BUILD>"`` as that venv imports it."""
+    return _installed_build
+
+
+# --- platform wheels holding real ELF files (repair and wheelfile tests) ---
+
+import platform  # noqa: E402
+from collections.abc import Mapping  # noqa: E402
+
+
+def _platform_wheel(
+    directory: Path,
+    name: str,
+    files: Mapping[str, bytes | Path],
+    *,
+    version: str = "1.0",
+    platform_tag: str | None = None,
+) -> Path:
+    """A wheel of ``files`` (member -> content or file to copy) with WHEEL, METADATA and a correct RECORD."""
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    plat = platform_tag or f"linux_{platform.machine()}"
+    dist_info = f"{name}-{version}.dist-info"
+    contents = {member: data if isinstance(data, bytes) else data.read_bytes() for member, data in files.items()}
+    contents[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
+    contents[f"{dist_info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: rocwheels-tests\nRoot-Is-Purelib: false\nTag: {python}-{python}-{plat}\n"
+    ).encode()
+    record = [
+        f"{member},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for member, data in contents.items()
+    ]
+    contents[f"{dist_info}/RECORD"] = ("\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n").encode()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-{version}-{python}-{python}-{plat}.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member, data in contents.items():
+            info = zipfile.ZipInfo(member, _ZIP_DATE)
+            info.external_attr = (0o755 if data.startswith(b"\x7fELF") else 0o644) << 16
+            archive.writestr(info, data)
+    return path
+
+
+@pytest.fixture(scope="session")
+def platform_wheel() -> Callable[..., Path]:
+    """``platform_wheel(dir, name, {member: bytes | Path}, version="1.0", platform_tag=None)``.
+
+    Writes a valid ``cpXY-cpXY-linux_<machine>`` wheel (platlib) holding those files.
+    """
+    return _platform_wheel
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def _static_server(directory: Path) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(directory)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.fixture
+def static_server() -> Callable[[Path], AbstractContextManager[str]]:
+    """``with static_server(dir) as url``: what ``python -m http.server -d DIR`` runs, on a free loopback port.
+
+    In a thread of the test process: port 0 needs no guessing, and it stops with the test.
+    """
+    return _static_server
+
+
+def _raw_zip(path: Path, members: Mapping[str, bytes]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+@pytest.fixture(scope="session")
+def raw_zip() -> Callable[[Path, Mapping[str, bytes]], Path]:
+    """``raw_zip(path, {member: bytes})``: an archive exactly as given (no RECORD or metadata added),
+    for wheels that are broken on purpose."""
+    return _raw_zip
