@@ -10,6 +10,9 @@ import pytest
 
 from pipeline.cmd import run
 
+# Session fixtures that build real HIP wheels live in their own module.
+from hip_wheels import built, hip_extensions, ld_library_path, repaired  # noqa: E402, F401
+
 # Without HIP_PLATFORM=amd, hipcc picks the nvcc that is also installed.
 HIP_ENV = {"HIP_PLATFORM": "amd"}
 # Processors worth trying: a session keeps those the local hipcc compiles for (HIP 5.2 rejects

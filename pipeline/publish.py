@@ -1,0 +1,257 @@
+"""Upload the wheelhouse to a private index with twine: skip what is there, never replace a file.
+
+Before uploading, the index's PEP 503 pages are read: a wheel already listed with the same sha256
+is skipped, the same file name with another hash stops the run (an index must never serve two
+different files under one name). Credentials stay twine's business (environment, ``.pypirc`` or
+keyring); the ones rocwheels can see are masked in every log line and message.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.error import HTTPError, URLError
+from urllib.parse import unquote, urlsplit
+from urllib.request import HTTPBasicAuthHandler, HTTPPasswordMgrWithDefaultRealm, OpenerDirector, build_opener
+
+from twine.exceptions import InvalidConfiguration, UnreachableRepositoryURLDetected
+from twine.utils import DEFAULT_CONFIG_FILE, get_repository_from_config
+
+from .cmd import run
+from .errors import RocwheelsError
+from .index import WheelFile, scan_wheels
+
+log = logging.getLogger("rocwheels")
+
+_HTTP_TIMEOUT = 30  # seconds for one index page
+_TWINE_AUTH_FAILURE = re.compile(r"HTTPError: (401|403)\b")
+_TWINE_TRANSIENT = re.compile(
+    r"Connection refused|Connection reset|Connection aborted|RemoteDisconnected|timed out|HTTPError: 5\d\d\b")
+
+
+@dataclass(frozen=True)
+class Repository:
+    """Where wheels go (twine's upload URL) and where the index lists what it holds (PEP 503)."""
+
+    # how twine is told: --repository NAME or --repository-url URL (which may carry a login)
+    twine_args: tuple[str, ...] = field(repr=False)
+    upload_url: str  # without credentials: safe to show
+    simple_url: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)  # for reading an index that wants a login
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # every credential to mask in output
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    repository_url: str
+    uploaded: tuple[Path, ...]
+    skipped: tuple[Path, ...]  # already on the index with the same sha256
+
+
+class _TransientError(Exception):
+    """The index could not be reached or answered 5xx: worth another try after a pause."""
+
+
+def resolve_repository(repository: str, *, config_file: Path | None = None,
+                       simple_url: str | None = None) -> Repository:
+    """Turn ``NAME`` (a ``.pypirc`` section) or ``URL`` into the upload and simple-index URLs.
+
+    The simple index defaults to the upload URL with ``simple/`` in place of a trailing
+    ``legacy/`` (pypiserver: ``http://host:port/`` -> ``http://host:port/simple/``); pass
+    ``simple_url`` for servers laid out otherwise (devpi: ``.../+simple/``).
+    """
+    is_url = "://" in repository
+    config_path = str(config_file) if config_file else DEFAULT_CONFIG_FILE
+    try:
+        config = get_repository_from_config(config_path, repository, repository if is_url else None)
+    except (InvalidConfiguration, UnreachableRepositoryURLDetected) as exc:
+        reason = str(exc).splitlines()[0]
+        raise RocwheelsError(f"cannot use repository {repository!r}: {reason}",
+                             fix=f"pass the index's upload URL (e.g. http://127.0.0.1:8080/) or the NAME of a section "
+                                 f"with repository= and username= in {config_path}") from None
+    twine_args = ("--repository-url", repository) if is_url else ("--repository", repository)
+    if config_file:
+        twine_args += ("--config-file", str(config_file))
+    secrets = tuple(s for s in (os.environ.get("TWINE_PASSWORD"), config.get("password")) if s)
+    upload_url = str(config["repository"])
+    return Repository(
+        twine_args=twine_args,
+        upload_url=upload_url,
+        simple_url=simple_url or _simple_url_for(upload_url),
+        # twine's own order: the environment wins over .pypirc
+        username=os.environ.get("TWINE_USERNAME") or config.get("username"),
+        password=secrets[0] if secrets else None,
+        secrets=secrets,
+    )
+
+
+def publish(wheelhouse: Path, repository: str, *, config_file: Path | None = None, simple_url: str | None = None,
+            attempts: int = 4, backoff_seconds: float = 2.0) -> PublishResult:
+    """Upload every wheel in ``wheelhouse`` that the index does not hold yet.
+
+    Unreachable servers and 5xx answers are retried ``attempts`` times in all, waiting
+    ``backoff_seconds``, then twice that, and so on; each try reads the index again first, so a
+    file that reached the server before a failure is not sent twice.
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, not {attempts}")
+    wheels = scan_wheels(wheelhouse)
+    if not wheels:
+        raise RocwheelsError(f"no wheels to publish in {wheelhouse}",
+                             fix="build, repair and verify wheels first (verified wheels land in the wheelhouse)")
+    repo = resolve_repository(repository, config_file=config_file, simple_url=simple_url)
+    log_file = wheelhouse / "logs" / "publish.log"
+    already_there: tuple[WheelFile, ...] | None = None  # what the index held before this run uploaded anything
+    for attempt in range(1, attempts + 1):
+        try:
+            pending = _not_yet_published(wheels, repo)
+            if already_there is None:
+                already_there = tuple(w for w in wheels if w not in pending)
+                for wheel in already_there:
+                    log.info("%s: already on %s with the same sha256, skipped", wheel.path.name, repo.simple_url)
+            if pending:
+                _upload(pending, repo, log_file)
+            break
+        except _TransientError as exc:
+            if attempt == attempts:
+                raise RocwheelsError(
+                    f"the package index is unreachable or failing: {exc} (gave up after {attempts} attempts)",
+                    fix="check that the index server is running and reachable (a local one: rocwheels serve) and that "
+                        "--repository names it, then publish again: wheels already on the index are skipped") from None
+            delay = backoff_seconds * 2 ** (attempt - 1)
+            log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 1, attempts)
+            time.sleep(delay)
+    assert already_there is not None  # set by the try that succeeded
+    uploaded = tuple(w.path for w in wheels if w not in already_there)
+    for path in uploaded:
+        log.info("%s: uploaded to %s", path.name, repo.upload_url)
+    return PublishResult(repo.upload_url, uploaded, tuple(w.path for w in already_there))
+
+
+def _simple_url_for(upload_url: str) -> str:
+    base = upload_url if upload_url.endswith("/") else upload_url + "/"
+    if base.endswith("/legacy/"):
+        base = base[: -len("legacy/")]
+    return base + "simple/"
+
+
+def _not_yet_published(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[WheelFile, ...]:
+    """The wheels the index does not list; fails if it lists one of them with other contents."""
+    listed = _listed_hashes(repo, sorted({w.project for w in wheels}))
+    problems = []
+    for wheel in wheels:
+        name = wheel.path.name
+        if name not in listed:
+            continue
+        if listed[name] is None:
+            problems.append(f"{name} is listed without a sha256, so it cannot be compared")
+        elif listed[name] != wheel.sha256:
+            problems.append(f"{name}: index sha256 {listed[name]}, local sha256 {wheel.sha256}")
+    if problems:
+        raise RocwheelsError(
+            f"{repo.simple_url} already holds files under these names with different contents: "
+            + "; ".join(problems) + ". An index must not serve two builds under one file name.",
+            fix="give the new build a new version or local label, or delete the old file from the index on purpose "
+                "and publish again")
+    return tuple(w for w in wheels if w.path.name not in listed)
+
+
+def _listed_hashes(repo: Repository, projects: list[str]) -> dict[str, str | None]:
+    """File name -> sha256 (None if the page gives none) for every file of ``projects`` on the index."""
+    opener = _index_opener(repo)
+    _read_page(opener, repo.simple_url)  # the index answers, and its simple root is where we think
+    listed: dict[str, str | None] = {}
+    for project in projects:
+        page = _read_page(opener, f"{repo.simple_url}{project}/", missing_ok=True)
+        if page is not None:
+            listed.update(_file_links(page))
+    return listed
+
+
+def _index_opener(repo: Repository) -> OpenerDirector:
+    """An HTTP client that answers a login challenge with the upload credentials, if rocwheels knows them."""
+    if not (repo.username and repo.password):
+        return build_opener()
+    passwords = HTTPPasswordMgrWithDefaultRealm()
+    passwords.add_password(None, repo.simple_url, repo.username, repo.password)
+    return build_opener(HTTPBasicAuthHandler(passwords))
+
+
+def _read_page(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> str | None:
+    try:
+        with opener.open(url, timeout=_HTTP_TIMEOUT) as response:
+            return response.read().decode("utf-8", "replace")
+    except HTTPError as exc:
+        if exc.code == 404 and missing_ok:
+            return None
+        if exc.code >= 500:
+            raise _TransientError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
+        if exc.code in (401, 403):
+            raise RocwheelsError(f"the package index refused to list its files at {url} (HTTP {exc.code} {exc.reason})",
+                                 fix="set TWINE_USERNAME and TWINE_PASSWORD (or username/password in .pypirc): "
+                                     "rocwheels reads the index with the upload login") from None
+        raise RocwheelsError(f"{url} answered HTTP {exc.code} {exc.reason}: not a PEP 503 simple index",
+                             fix="pass the index's simple URL (--simple-url), e.g. http://host:port/simple/") from None
+    except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError: refused, reset, timeout, DNS
+        reason = exc.reason if isinstance(exc, URLError) else exc
+        raise _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}") from None
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.hrefs.append(href)
+
+
+def _file_links(page: str) -> dict[str, str | None]:
+    """File name -> sha256 from a PEP 503 project page (anchors end in ``#sha256=<hex>``)."""
+    anchors = _Anchors()
+    anchors.feed(page)
+    files: dict[str, str | None] = {}
+    for href in anchors.hrefs:
+        link = urlsplit(href)
+        algorithm, _, digest = link.fragment.partition("=")
+        files[unquote(link.path.rsplit("/", 1)[-1])] = digest.lower() if algorithm == "sha256" and digest else None
+    return files
+
+
+def _upload(wheels: tuple[WheelFile, ...], repo: Repository, log_file: Path) -> None:
+    log.info("uploading %d wheels to %s (twine output: %s)", len(wheels), repo.upload_url, log_file)
+    result = run(
+        [sys.executable, "-m", "twine", "--no-color", "upload", "--non-interactive", "--disable-progress-bar",
+         *repo.twine_args, *(w.path for w in wheels)],
+        log_file=log_file, check=False, redact=repo.secrets,
+    )
+    if result.returncode == 0:
+        return
+    output = result.output
+    flat = " ".join(output.split())  # twine wraps its messages at 80 columns: match across line breaks
+    if match := _TWINE_AUTH_FAILURE.search(flat):
+        raise RocwheelsError(
+            f"the package index at {repo.upload_url} rejected the upload login (HTTP {match.group(1)})",
+            fix="check the username and password twine uses: TWINE_USERNAME/TWINE_PASSWORD, the repository's "
+                "section in .pypirc, or keyring; for an index started by rocwheels serve, set the password with "
+                "rocwheels index add-user")
+    if "Credential not found" in flat:
+        raise RocwheelsError(
+            f"no login for {repo.upload_url}: twine found no username or password",
+            fix="set TWINE_USERNAME and TWINE_PASSWORD, or username/password in the repository's .pypirc section, "
+                "or store the password in keyring")
+    if match := _TWINE_TRANSIENT.search(flat):
+        raise _TransientError(f"upload to {repo.upload_url} failed: {match.group(0)}")
+    errors = [line.strip() for line in output.splitlines() if "ERROR" in line] or output.strip().splitlines()[-1:]
+    raise RocwheelsError(f"twine could not upload to {repo.upload_url}: {' '.join(errors)} (log: {log_file})",
+                         fix=f"read {log_file}; rerun with the same command once fixed: uploaded wheels are skipped")

@@ -1,0 +1,147 @@
+"""A private index for the team: a real pypiserver over a packages folder, uploads behind htpasswd.
+
+pypiserver runs for as long as the index is wanted, so it is started with ``subprocess.Popen``
+rather than :func:`pipeline.cmd.run` (which waits for its command to end); the command is still
+logged as ``+ command`` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
+
+from passlib.apache import HtpasswdFile
+
+from .errors import RocwheelsError
+
+log = logging.getLogger("rocwheels")
+
+# sha256-crypt: verified by pypiserver through passlib, stronger than htpasswd's MD5 default,
+# and needs no extra package (passlib's bcrypt wants the bcrypt module).
+_HTPASSWD_SCHEME = "sha256_crypt"
+_STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL
+_WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+@dataclass(frozen=True)
+class RunningIndex:
+    url: str  # where twine uploads (rocwheels publish --repository URL)
+    simple_url: str  # what pip reads (--extra-index-url)
+    process: subprocess.Popen = field(repr=False, compare=False)
+
+
+def add_htpasswd_user(htpasswd: Path, username: str, password: str) -> None:
+    """Create ``htpasswd`` if needed and set ``username``'s password in it (readable by its owner only)."""
+    htpasswd.parent.mkdir(parents=True, exist_ok=True)
+    new = not htpasswd.exists()
+    if new:
+        htpasswd.touch(mode=0o600)  # private from the first byte written
+    users = HtpasswdFile(str(htpasswd), new=new, default_scheme=_HTPASSWD_SCHEME)
+    users.set_password(username, password)
+    users.save()
+    htpasswd.chmod(0o600)
+    log.info("%s: password set for %s", htpasswd, username)
+
+
+def serve(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 8080,
+          log_file: Path | None = None) -> None:
+    """Run pypiserver in the foreground until Ctrl-C or SIGTERM, then stop it (call from the main thread)."""
+    # SIGTERM (kill, systemd, container stop) would end Python without unwinding and leave
+    # pypiserver running on its port: turn it into an exit that runs the cleanup below.
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        with running_pypiserver(packages, htpasswd, host=host, port=port, log_file=log_file) as index:
+            log.info("serving %s: upload with rocwheels publish --repository %s, install with --extra-index-url %s "
+                     "(Ctrl-C stops)", packages, index.url, index.simple_url)
+            returncode = index.process.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    raise RocwheelsError(f"pypiserver stopped by itself with exit code {returncode}",
+                         fix=f"see {log_file}" if log_file else "see its output above")
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def running_pypiserver(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 0,
+                       log_file: Path | None = None, startup_timeout: float = 30.0) -> Iterator[RunningIndex]:
+    """Start pypiserver (``port=0``: a free one), wait until it answers, and stop it on exit.
+
+    Uploads need a login from ``htpasswd``; listing and downloads are open. Unknown projects are not
+    redirected to PyPI (``--disable-fallback``): a private index must answer only for itself. The
+    server's output goes to ``log_file`` (the terminal when None).
+    """
+    if not htpasswd.is_file():
+        raise RocwheelsError(f"no htpasswd file at {htpasswd}: pypiserver would accept no upload",
+                             fix=f"create a user first: rocwheels index add-user NAME --htpasswd {htpasswd}")
+    packages.mkdir(parents=True, exist_ok=True)
+    probe_host = _WILDCARD_HOSTS.get(host, host)
+    port = port or _free_port(probe_host)
+    url = f"http://{_url_host(probe_host)}:{port}/"
+    argv = [sys.executable, "-m", "pypiserver", "run", "--host", host, "--port", str(port),
+            "--passwords", str(htpasswd), "--authenticate", "update", "--disable-fallback",
+            "--hash-algo", "sha256", str(packages)]
+    log.info("+ %s", shlex.join(argv))
+    sink = None
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        sink = log_file.open("a", encoding="utf-8")
+    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT if sink else None)
+    try:
+        _wait_until_answering(process, url, startup_timeout, log_file)
+        yield RunningIndex(url, url + "simple/", process)
+    finally:
+        _stop(process)
+        if sink is not None:
+            sink.close()
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _wait_until_answering(process: subprocess.Popen, url: str, timeout: float, log_file: Path | None) -> None:
+    deadline = time.monotonic() + timeout
+    where = f" (log: {log_file})" if log_file else ""
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RocwheelsError(f"pypiserver exited with code {process.returncode} before answering at {url}{where}",
+                                 fix="read its output: a port already in use or an unreadable htpasswd file are "
+                                     "the usual causes")
+        try:
+            with urlopen(url + "health", timeout=1):
+                return
+        except (URLError, OSError):
+            time.sleep(0.1)
+    raise RocwheelsError(f"pypiserver did not answer at {url} within {timeout:.0f} s{where}",
+                         fix="read its output; on a slow machine allow a longer startup")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=_STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,198 @@
+"""Publishing to a real pypiserver with a login, and what a teammate's pip then installs."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import RocwheelsError
+from pipeline.index import file_sha256
+from pipeline.publish import publish, resolve_repository
+from pipeline.serve import add_htpasswd_user, running_pypiserver
+
+USER = "builder"
+PASSWORD = "correct-horse-battery"  # the test checks that this never reaches a message or a log
+
+
+@pytest.fixture(scope="module")
+def htpasswd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("auth") / "htpasswd"
+    add_htpasswd_user(path, USER, PASSWORD)
+    return path
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory: pytest.TempPathFactory, htpasswd: Path):
+    root = tmp_path_factory.mktemp("index")
+    with running_pypiserver(root / "packages", htpasswd, log_file=root / "pypiserver.log") as server:
+        yield server
+
+
+@pytest.fixture
+def login(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TWINE_USERNAME", USER)
+    monkeypatch.setenv("TWINE_PASSWORD", PASSWORD)
+
+
+def _publish_log(wheelhouse: Path) -> str:
+    return (wheelhouse / "logs" / "publish.log").read_text()
+
+
+@pytest.mark.network
+def test_publish_uploads_once_then_skips_and_a_teammate_installs(tmp_path, index, login, make_wheel, fresh_venv,
+                                                                  pip_install, installed_build):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+
+    first = publish(wheelhouse, index.url)
+    second = publish(wheelhouse, index.url)
+
+    assert (first.uploaded, first.skipped) == ((wheel,), ())
+    assert (second.uploaded, second.skipped) == ((), (wheel,))
+    assert PASSWORD not in _publish_log(wheelhouse)
+    (tmp_path / "empty").mkdir()
+    pip_install(fresh_venv, "--index-url", (tmp_path / "empty").as_uri(), "--extra-index-url", index.simple_url,
+                "rocm-canary")
+    assert installed_build(fresh_venv, "rocm_canary") == "0.1.0+rocm9.9 ours"
+
+
+@pytest.mark.network
+def test_a_login_in_the_url_works_and_is_masked_in_the_log(tmp_path, index, make_wheel, monkeypatch):
+    monkeypatch.delenv("TWINE_USERNAME", raising=False)
+    monkeypatch.delenv("TWINE_PASSWORD", raising=False)
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "url-login-demo", "1.0+rocm9.9")
+
+    result = publish(wheelhouse, index.url.replace("http://", f"http://{USER}:{PASSWORD}@"))
+
+    assert result.uploaded == (wheel,) and result.repository_url == index.url
+    log = _publish_log(wheelhouse)
+    assert f"{USER}:****@" in log and PASSWORD not in log
+
+
+@pytest.mark.network
+def test_same_file_name_with_other_contents_fails_naming_both_hashes(tmp_path, index, login, make_wheel):
+    published = make_wheel(tmp_path / "first", "conflict-demo", "1.0+rocm9.9", build="first")
+    publish(published.parent, index.url)
+    rebuilt = make_wheel(tmp_path / "second", "conflict-demo", "1.0+rocm9.9", build="second")
+
+    with pytest.raises(RocwheelsError) as failure:
+        publish(rebuilt.parent, index.url)
+
+    message = str(failure.value)
+    assert rebuilt.name in message
+    assert file_sha256(published) in message and file_sha256(rebuilt) in message
+
+
+@pytest.mark.network
+def test_wrong_password_from_pypirc_is_a_clear_error_without_the_password(tmp_path, index, make_wheel, monkeypatch):
+    monkeypatch.delenv("TWINE_USERNAME", raising=False)
+    monkeypatch.delenv("TWINE_PASSWORD", raising=False)
+    wrong = "not-the-password-42"
+    pypirc = tmp_path / "pypirc"
+    pypirc.write_text(f"[distutils]\nindex-servers = team\n\n[team]\nrepository = {index.url}\n"
+                      f"username = {USER}\npassword = {wrong}\n")
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(wheelhouse, "auth-demo", "1.0+rocm9.9")
+
+    with pytest.raises(RocwheelsError) as failure:
+        publish(wheelhouse, "team", config_file=pypirc, attempts=3, backoff_seconds=5)  # not retried: fast
+
+    message = str(failure.value)
+    assert f"the package index at {index.url} rejected the upload login (HTTP 403)" in message
+    assert "fix:" in message and "TWINE_PASSWORD" in message
+    assert wrong not in message and wrong not in _publish_log(wheelhouse)
+
+
+@pytest.mark.network
+def test_missing_login_is_a_clear_error(tmp_path, index, make_wheel, monkeypatch):
+    monkeypatch.delenv("TWINE_USERNAME", raising=False)
+    monkeypatch.delenv("TWINE_PASSWORD", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.pypirc
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(wheelhouse, "auth-demo", "1.0+rocm9.9")
+
+    with pytest.raises(RocwheelsError, match=f"no login for {index.url}"):
+        publish(wheelhouse, index.url)
+
+
+@pytest.mark.network
+def test_server_down_is_retried_then_a_clear_error(tmp_path, login, make_wheel):
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    with socket.socket() as unused:  # bound but never listening: connections are refused
+        unused.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{unused.getsockname()[1]}/"
+        started = time.monotonic()
+        with pytest.raises(RocwheelsError) as failure:
+            publish(wheelhouse, url, attempts=3, backoff_seconds=0.05)
+
+    message = str(failure.value)
+    assert f"{url}simple/" in message and "Connection refused" in message
+    assert "gave up after 3 attempts" in message and "rocwheels serve" in message
+    assert 0.15 <= time.monotonic() - started < 10  # waited 0.05 + 0.1 s between the tries
+
+
+@pytest.mark.network
+def test_a_5xx_answer_to_the_upload_is_retried(tmp_path, login, make_wheel, static_server):
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    site = tmp_path / "site"  # lists nothing, and answers uploads (POST) with 501
+    (site / "simple").mkdir(parents=True)
+    (site / "simple" / "index.html").write_text("<!DOCTYPE html><html><body></body></html>")
+
+    with static_server(site) as url, pytest.raises(RocwheelsError) as failure:
+        publish(wheelhouse, url, attempts=2, backoff_seconds=0.05)
+
+    assert f"upload to {url} failed: HTTPError: 501 (gave up after 2 attempts)" in str(failure.value)
+    assert _publish_log(wheelhouse).count("twine --no-color upload") == 2
+
+
+@pytest.mark.network
+def test_an_index_that_comes_up_late_is_reached_by_a_retry(tmp_path, htpasswd, login, make_wheel):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    published = threading.Event()
+
+    def late_index() -> None:
+        time.sleep(0.5)
+        with running_pypiserver(tmp_path / "packages", htpasswd, port=port, log_file=tmp_path / "late.log"):
+            published.wait(timeout=60)
+
+    server = threading.Thread(target=late_index)
+    server.start()
+    try:
+        result = publish(wheelhouse, f"http://127.0.0.1:{port}/", attempts=6, backoff_seconds=0.25)
+    finally:
+        published.set()
+        server.join()
+    assert result.uploaded == (wheel,)
+    assert (tmp_path / "packages" / wheel.name).is_file()
+
+
+def test_repository_urls_and_masked_credentials():
+    with_login = resolve_repository("http://someone:s3cret@127.0.0.1:8080/legacy/")
+    assert with_login.upload_url == "http://127.0.0.1:8080/legacy/"
+    assert with_login.simple_url == "http://127.0.0.1:8080/simple/"
+    assert "s3cret" in with_login.secrets and "s3cret" not in repr(with_login)
+    devpi = resolve_repository("http://127.0.0.1:3141/team/rocm/", simple_url="http://127.0.0.1:3141/team/rocm/+simple/")
+    assert devpi.simple_url.endswith("/+simple/")
+
+
+def test_unknown_repository_name_is_a_clear_error(tmp_path):
+    pypirc = tmp_path / "pypirc"
+    pypirc.write_text("[distutils]\nindex-servers = team\n\n[team]\nrepository = http://127.0.0.1:8080/\n")
+    with pytest.raises(RocwheelsError, match="cannot use repository 'nope'"):
+        resolve_repository("nope", config_file=pypirc)
+
+
+def test_empty_wheelhouse_has_nothing_to_publish(tmp_path):
+    with pytest.raises(RocwheelsError, match="no wheels to publish"):
+        publish(tmp_path, "http://127.0.0.1:8080/")

@@ -1,0 +1,96 @@
+"""The team index: htpasswd users and a pypiserver that always stops with its owner."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from urllib.request import urlopen
+
+import pytest
+from passlib.apache import HtpasswdFile
+
+from pipeline.errors import RocwheelsError
+from pipeline.serve import add_htpasswd_user, running_pypiserver
+
+
+def test_htpasswd_users_are_added_and_updated(tmp_path):
+    htpasswd = tmp_path / "auth" / "htpasswd"
+    add_htpasswd_user(htpasswd, "alice", "first")
+    add_htpasswd_user(htpasswd, "bob", "other")
+    add_htpasswd_user(htpasswd, "alice", "second")
+
+    users = HtpasswdFile(str(htpasswd))
+    assert sorted(users.users()) == ["alice", "bob"]
+    assert users.check_password("alice", "second") and not users.check_password("alice", "first")
+    assert htpasswd.read_text().startswith("alice:$5$")  # sha256-crypt, not htpasswd's MD5 default
+    assert htpasswd.stat().st_mode & 0o777 == 0o600
+
+
+def test_no_htpasswd_file_is_a_clear_error(tmp_path):
+    with (pytest.raises(RocwheelsError, match="(?s)no htpasswd file at .*rocwheels index add-user"),
+          running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd")):
+        pass
+
+
+@pytest.mark.network
+def test_the_server_stops_when_the_block_fails(tmp_path):
+    add_htpasswd_user(tmp_path / "htpasswd", "alice", "pw")
+    with pytest.raises(RuntimeError, match="the caller failed"), \
+            running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd") as index:
+        with urlopen(index.simple_url, timeout=5) as page:
+            assert page.status == 200
+        raise RuntimeError("the caller failed")
+    assert index.process.poll() is not None
+    assert index.url.startswith("http://127.0.0.1:")
+
+
+@pytest.mark.network
+def test_a_port_in_use_is_a_clear_error(tmp_path):
+    add_htpasswd_user(tmp_path / "htpasswd", "alice", "pw")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        expected = f"pypiserver exited with code 1 before answering at http://127.0.0.1:{port}/"
+        with (pytest.raises(RocwheelsError, match=expected),
+              running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd", port=port,
+                                 log_file=tmp_path / "pypiserver.log")):
+            pass
+    assert "Address already in use" in (tmp_path / "pypiserver.log").read_text()
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_stopping_serve_stops_pypiserver_too(tmp_path, stop):
+    add_htpasswd_user(tmp_path / "htpasswd", "alice", "pw")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = (f"from pathlib import Path; from pipeline.serve import serve; "
+            f"serve(Path({str(tmp_path / 'packages')!r}), Path({str(tmp_path / 'htpasswd')!r}), port={port})")
+    # Popen, not cmd.run: the test must signal the command while it runs.
+    rocwheels = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(f"http://127.0.0.1:{port}/health")
+        rocwheels.send_signal(stop)  # to rocwheels alone, as `kill PID` would
+        assert rocwheels.wait(timeout=20) != 0
+    finally:
+        if rocwheels.poll() is None:
+            rocwheels.kill()
+            rocwheels.wait()
+    with socket.socket() as client:
+        assert client.connect_ex(("127.0.0.1", port)) != 0  # nothing listens there any more
+
+
+def _wait_for(url: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urlopen(url, timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
