@@ -105,6 +105,6 @@ def _the_wheel(step: Step, dist: Path, log_file: Path) -> Path:
     if version != step.wheel_version:
         raise RocwheelsError(
             f"{step.name}: built version {version}, the lock expects {step.wheel_version}",
-            fix=f"the recipe's [env] must hand the version and +{{local_version}} label to the package's build (see recipes/README.md)",
+            fix="the recipe's [env] must hand the version and +{local_version} label to the package's build (see recipes/README.md)",
         )
     return wheels[0]

@@ -34,9 +34,12 @@ def _split(value: str | None) -> list[str]:
     return [part for part in re.split(r"[;,\s]+", value or "") if part]
 
 
-def load_plan(layout: Layout, recipes: str | None, arch: str, rocm: str | None, driver: str) -> Plan:
-    """Everything checked before anything runs: recipes, lock, line, targets, order."""
-    targets = parse_targets(arch)
+def load_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str) -> Plan:
+    """Everything checked before anything runs: recipes, lock, line, targets, order.
+
+    ``arch`` None means every target the line's compiler takes (the demo).
+    """
+    targets = parse_targets(arch) if arch is not None else None
     all_recipes = load_recipes(layout.recipes_dir)
     lock_file = lockmod.load_lock(layout.recipes_dir)
     host = host_rocm_version() if driver == "local" and not rocm else None
@@ -47,6 +50,7 @@ def load_plan(layout: Layout, recipes: str | None, arch: str, rocm: str | None, 
     for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
         log.warning("warning: %s", warning)
     wanted = _split(recipes) or list(line.versions)
+    targets = targets or parse_targets(";".join(line.targets))
     return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets)
 
 
@@ -194,7 +198,6 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
     """Prove what is inside each wheel; exit status 1 on any error."""
     from dataclasses import replace
 
-    from .analyze import TargetLayout
     from .verify import Expectations, expectations_for, format_report, reports_json, verify_wheel
 
     targets = tuple(t.processor for t in parse_targets(arch)) if arch else None
@@ -226,6 +229,83 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     console = Console()
     for wheel in _wheel_paths(wheels):
         render(inspect_wheel(wheel, TargetLayout(rocm_lib_dir=rocm_lib_dir)), console)
+
+
+@cli.command("publish")
+@click.option("--repository", "-r", required=True, envvar="ROCWHEELS_REPOSITORY",
+              help="the index's upload URL (http://host:8080/) or a section NAME in .pypirc")
+@click.option("--simple-url", default=None, help="its PEP 503 root when not <upload URL>/simple/ (devpi: .../+simple/)")
+@click.option("--config-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help=".pypirc (default ~/.pypirc)")
+@click.option("--attempts", type=click.IntRange(min=1), default=4, show_default=True,
+              help="tries while the index is unreachable or answers 5xx (waits 2, 4, 8 s)")
+@click.pass_obj
+def publish_command(obj: Context, repository: str, simple_url: str | None, config_file: Path | None, attempts: int) -> None:
+    """Upload the wheelhouse's wheels with twine; files already there (same sha256) are skipped."""
+    from .publish import publish
+
+    result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
+    click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there")
+
+
+@cli.group("index")
+def index_group() -> None:
+    """What teammates install from: static per-line indexes, constraints, the served index's users."""
+
+
+@index_group.command("build")
+@click.option("--hashes/--no-hashes", default=True, show_default=True,
+              help="sha256 per wheel in constraints-<line>.txt (pip then checks hashes for the whole install)")
+@click.pass_obj
+def index_build(obj: Context, hashes: bool) -> None:
+    """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
+    from .index import build_static_index, write_constraints
+
+    for root in build_static_index(obj.layout.wheelhouse):
+        click.echo(f"index: {root}/")
+    for path in write_constraints(obj.layout.wheelhouse, hashes=hashes):
+        click.echo(f"constraints: {path}")
+
+
+@index_group.command("add-user")
+@click.argument("username")
+@click.option("--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True)
+@click.password_option(envvar="ROCWHEELS_INDEX_PASSWORD")
+def index_add_user(username: str, htpasswd: Path, password: str) -> None:
+    """Create or update an upload login for `rocwheels serve`."""
+    from .serve import add_htpasswd_user
+
+    add_htpasswd_user(htpasswd, username, password)
+
+
+@cli.command("serve")
+@click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True)
+@click.option("--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
+@click.option("--port", type=int, default=8080, show_default=True)
+def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
+    """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login."""
+    from .serve import serve
+
+    serve(packages, htpasswd, host=host, port=port)
+
+
+@cli.command("demo")
+@click.option("--arch", envvar="ARCH", default=None, help="GPU targets (default: every target this host's compiler takes)")
+@click.pass_obj
+def demo_command(obj: Context, arch: str | None) -> None:
+    """The canary through the whole job on this host: build, repair, verify, publish, install."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .demo import CANARY, run_demo
+
+    steps = run_demo(load_plan(obj.layout, CANARY, arch, None, "local"), obj.layout)
+    table = Table(title="rocwheels demo")
+    for column in ("step", "result", "time"):
+        table.add_column(column)
+    for step in steps:
+        table.add_row(step.name, step.result, f"{step.seconds:.1f} s" if step.seconds else "")
+    Console().print(table)
 
 
 def driver_for(driver: str, plan: Plan, layout: Layout):

@@ -1,0 +1,98 @@
+"""``make demo``: the whole job on the canary, on this host, from nothing.
+
+build -> repair -> verify -> publish to a local pypiserver on a free loopback port -> install
+from it into a fresh venv -> smoke test -> stop the server. Leaves no process running.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cmd import run
+from .errors import RocwheelsError
+from .index import build_static_index, write_constraints
+from .layout import Layout
+from .plan import Plan
+from .publish import publish
+from .serve import add_htpasswd_user, running_pypiserver
+from .wheels import make_wheels
+
+CANARY = "rocm-canary"
+
+
+@dataclass(frozen=True)
+class DemoStep:
+    name: str
+    result: str
+    seconds: float
+
+
+@contextmanager
+def _timed(steps: list[DemoStep], name: str) -> Iterator[list[str]]:
+    """Time one demo step; the body appends its one-line result."""
+    started = time.monotonic()
+    result: list[str] = []
+    yield result
+    steps.append(DemoStep(name, " ".join(result), time.monotonic() - started))
+
+
+@contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
+    steps: list[DemoStep] = []
+    with _timed(steps, "build, repair, verify") as result:
+        (outcome,) = [o for o in make_wheels(plan, layout, force=True) if o.recipe == CANARY]
+        if outcome.wheel is None:
+            raise RocwheelsError(f"the canary did not reach the wheelhouse: {outcome.detail}", fix=f"see {layout.log_file(CANARY)}")
+        result.append(outcome.wheel.name)
+    version = plan.steps[-1].wheel_version
+    with tempfile.TemporaryDirectory(prefix="rocwheels-demo-") as scratch:
+        root = Path(scratch)
+        password = secrets.token_urlsafe(16)
+        add_htpasswd_user(root / "htpasswd", "demo", password)
+        with running_pypiserver(root / "packages", root / "htpasswd", log_file=layout.logs / "demo-index.log") as index:
+            with _timed(steps, "publish (twine -> pypiserver)") as result, _environment(TWINE_USERNAME="demo", TWINE_PASSWORD=password):
+                published = publish(layout.wheelhouse, index.url, attempts=2)
+                result.append(f"{len(published.uploaded)} uploaded, {len(published.skipped)} already there, {index.url}")
+            with _timed(steps, "static index + constraints") as result:
+                roots = build_static_index(layout.wheelhouse)
+                constraints = write_constraints(layout.wheelhouse, hashes=False)
+                result.append(", ".join(p.name for p in (*roots, *constraints)))
+            with _timed(steps, "install into a fresh venv") as result:
+                python = _fresh_venv(root / "venv")
+                run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--extra-index-url", index.simple_url,
+                     f"{CANARY}=={version}"], cwd=root)
+                installed = run([python, "-c", "import importlib.metadata as m; print(m.version('rocm-canary'))"], cwd=root).output.strip()
+                if installed != version:
+                    raise RocwheelsError(f"pip installed rocm-canary {installed}, not the build {version}")
+                result.append(f"rocm-canary=={installed} from {index.simple_url}")
+            with _timed(steps, "smoke test") as result:
+                smoke = plan.steps[-1].recipe.smoke
+                result.append(run([python, "-c", smoke.code or f"import {smoke.imports[0]}"], cwd=root).output.strip())
+    steps.append(DemoStep("index server", "stopped", 0.0))
+    return steps
+
+
+def _fresh_venv(folder: Path) -> Path:
+    run([sys.executable, "-m", "venv", folder])
+    return folder / "bin" / "python"
