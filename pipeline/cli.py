@@ -18,7 +18,7 @@ from .layout import Layout
 from .log import setup_logging
 from .lock import Line
 from .plan import Plan, describe, make_plan, wheel_version
-from .recipes import Recipe, Repair, load_recipes
+from .recipes import LOCK_FILE, Recipe, Repair, load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -120,6 +120,8 @@ def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None
 
 def _wheel_context(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:
     """The recipe that makes this wheel and the lock line it was built for, where they can be told."""
+    if not (layout.recipes_dir / LOCK_FILE).is_file():
+        return None, None  # outside a rocwheels project (inside the builder image, say)
     name, version = parse_wheel_filename(wheel.name)[:2]
     recipes = load_recipes(layout.recipes_dir)
     recipe = next((r for r in recipes.values() if r.dist_name == name.replace("-", "_")), None)
@@ -174,7 +176,7 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
     from .repair import repair_wheel
 
     for wheel in _wheel_paths(wheels):
-        recipe, line = _wheel_context(obj.layout, wheel, rocm) if obj.layout.recipes_dir.is_dir() else (None, None)
+        recipe, line = _wheel_context(obj.layout, wheel, rocm)
         repair = recipe.repair if recipe else Repair()
         repaired = repair_wheel(
             wheel, (wheel_dir or obj.layout.wheelhouse).resolve(),
@@ -226,7 +228,8 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     from .analyze import TargetLayout
     from .inspection import inspect_wheel, render
 
-    console = Console()
+    # Piped output keeps whole library names rather than folding them at 80 columns.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     for wheel in _wheel_paths(wheels):
         render(inspect_wheel(wheel, TargetLayout(rocm_lib_dir=rocm_lib_dir)), console)
 

@@ -29,6 +29,7 @@ EXT = sysconfig.get_config_var("EXT_SUFFIX")
 PY_INCLUDE = sysconfig.get_paths()["include"]
 ROCM_LIB_DIR = "/opt/rocm/lib"
 LINK = "fakepkg/lib:libfakelink.so*"
+HIPEXT_VERSION = "1.0+rocm5.2"  # a +rocm label, as rocwheels builds carry
 
 # One source for every test module; -D picks its name and the library function it calls.
 MODULE_SOURCE = r"""
@@ -172,7 +173,7 @@ def repaired(
         f"hipext/_kernel{EXT}": hip_extensions.kernel,
         "hipext/sub/__init__.py": b"",
         f"hipext/sub/_linked{EXT}": hip_extensions.linked,
-    })
+    }, version=HIPEXT_VERSION)
     wheelhouse = root / "wheelhouse"
     wheel = repair_wheel(raw, wheelhouse, link_packages=[LINK], rocm_lib_dir=ROCM_LIB_DIR, log_file=root / "repair.log")
     return Repaired(raw, wheel, wheelhouse)

@@ -1,0 +1,278 @@
+"""Container driver: build a recipe with cibuildwheel in the lock line's builder image.
+
+Per recipe, the steps a person would take by hand:
+
+1. the builder image for the line (docker/Dockerfile.builder on the line's pinned base image),
+   made or found once per run (pipeline/image.py reuses it while its inputs are unchanged);
+2. the recipe's source in a clean work folder, laid out exactly as for the local driver, plus a
+   ``.rocwheels/`` folder holding the wheels of its ``depends_on`` recipes and two scripts;
+3. cibuildwheel, started from that folder (it copies the working directory to /project in the
+   container). For each Python of the line it runs ``before-build.sh`` (compiler cache statistics
+   zeroed, build requirements and dependency wheels installed, the recipe's pre-build commands in
+   the package folder), ``python -m build``, then the repair command (compiler cache statistics
+   printed, ``rocwheels repair`` of the rocwheels installed in the image), then ``smoke.sh`` in a
+   fresh venv;
+4. the repaired wheels land in the work folder's ``raw/<recipe>``; the host verifies and accepts
+   them (pipeline/wheels.py).
+
+The compiler cache is a host folder (``ROCWHEELS_CCACHE_DIR``, default
+``~/.cache/rocwheels/ccache``) mounted into every build container, so it outlives them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from .build import BuiltWheel, accepted_wheel
+from .cmd import run
+from .engine import Engine, detect_engine
+from .errors import RocwheelsError
+from .image import build_image
+from .layout import Layout
+from .log import recipe_logger
+from .plan import Plan, Step
+from .recipes import Smoke
+from .smoke import gpu_present
+from .sources import cache_dir, prepare_source
+from .wheels import Driver
+
+# Where cibuildwheel puts the working directory in the container (cibuildwheel/platforms/linux.py).
+# Only CIBW_ENVIRONMENT needs it spelled out: commands use its {project} placeholder.
+CONTAINER_PROJECT = "/project"
+CONTAINER_CCACHE = "/ccache"
+# In the source tree copied into the container; a name no build backend takes for a package.
+HELPERS = ".rocwheels"
+# ccache started under the name ``hipcc`` runs the real hipcc found on PATH through the cache;
+# before-build.sh makes this link, HIPCC points builds that honour it (the canary) at it.
+CCACHE_HIPCC = "/tmp/rocwheels-ccache/hipcc"
+# The repair command prints the compiler cache statistics between these lines.
+STATS_BEGIN = "rocwheels: ccache statistics"
+STATS_END = "rocwheels: end of ccache statistics"
+
+# `ccache --print-stats` (ccache 4) prints "key<TAB>value"; ccache 3 (EPEL 8, the ROCm EL8
+# images) only has the human `ccache -s` table, whose rows are mapped to the same keys.
+_STAT_V4 = re.compile(r"^(?P<key>[a-z_]+)\t(?P<value>\d+)$")
+_STAT_V3 = re.compile(r"^(?P<key>cache hit \(direct\)|cache hit \(preprocessed\)|cache miss|called for link)\s+(?P<value>\d+)$")
+_V3_KEYS = {
+    "cache hit (direct)": "direct_cache_hit",
+    "cache hit (preprocessed)": "preprocessed_cache_hit",
+    "cache miss": "cache_miss",
+    "called for link": "called_for_link",
+}
+
+
+def ccache_dir() -> Path:
+    """The host folder that keeps compiler results between container builds."""
+    configured = os.environ.get("ROCWHEELS_CCACHE_DIR")
+    return Path(configured) if configured else cache_dir() / "ccache"
+
+
+def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None) -> Driver:
+    """A build driver for ``plan`` that builds each step in the line's builder image.
+
+    Checked before anything is built: the line's base image is pinned, a container engine works.
+    The builder image itself is made (or found) when the first step needs it.
+    """
+    line = plan.line
+    if not line.pinned:
+        raise RocwheelsError(
+            f"the builder image of ROCm line {plan.line_name} ({line.builder_image}) is not pinned by digest: "
+            "a tag can move, so the same lock could build different wheels",
+            fix=f"pull it and read its digest (`podman pull {line.builder_image} && podman image inspect --format "
+            f"'{{{{.Digest}}}}' {line.builder_image}`), then write builder_image = \"<image>@sha256:<digest>\" in "
+            f"[lines.{plan.line_name}] of {layout.recipes_dir / 'lock.toml'}",
+        )
+    engine = engine or detect_engine()
+    gpu = gpu_present()
+    image: str | None = None
+
+    def drive(step: Step, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
+        nonlocal image
+        logger = recipe_logger(step.name)
+        started = time.monotonic()
+        log_file = layout.log_file(step.name)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version} in the builder container ({engine.name})\n")
+        logger.info("building %s in the builder container (log: %s)", step.wheel_version, log_file)
+        if image is None:
+            image = build_image(
+                plan.line_name, line.builder_image, line.python, engine,
+                # All the line's targets, not this run's: ARCH changes must not rebuild the image
+                # (each recipe gets its own targets through CIBW_ENVIRONMENT anyway).
+                rocm_path=line.rocm_path, rocm_archs=line.targets, log_file=log_file,
+            )
+
+        work = layout.recipe_work(step.name)
+        if work.exists():
+            shutil.rmtree(work)
+        work.mkdir(parents=True)
+        project = work / "src"
+        package = prepare_source(step.recipe, layout.recipes_dir, project, log_file=log_file, logger=logger)
+        _stage_helpers(project / HELPERS, step, layout, gpu)
+        raw = layout.raw(step.name)
+        if raw.exists():
+            shutil.rmtree(raw)
+        raw.mkdir(parents=True)
+        cache = ccache_dir()
+        cache.mkdir(parents=True, exist_ok=True)
+
+        settings = cibuildwheel_env(plan, step, engine=engine, image=image, ccache=cache, gpu=gpu)
+        for key, value in settings.items():
+            logger.debug("%s=%s", key, value)
+        # --config-file: the recipe alone decides the build; a [tool.cibuildwheel] table in the
+        # project's pyproject.toml (test-requires, before-all ...) would otherwise add to it.
+        run(
+            [sys.executable, "-m", "cibuildwheel", "--config-file", os.devnull, "--output-dir", raw, package.relative_to(project)],
+            env={**engine.env, **settings}, cwd=project, log_file=log_file, logger=logger, on_output=on_output,
+        )
+
+        wheels = _one_per_python(step, plan, raw, log_file)
+        note = ccache_note(log_file.read_text(encoding="utf-8", errors="replace"))
+        if len(wheels) > 1:
+            # wheels.py verifies and accepts one wheel per recipe: the others wait in raw/.
+            note += f"; not verified, left in {raw}: {', '.join(w.name for w in wheels[1:])}"
+        seconds = time.monotonic() - started
+        logger.info("built %s in %.0f s (%s)", ", ".join(w.name for w in wheels), seconds, note)
+        return BuiltWheel(step.name, wheels[0], log_file, seconds, repaired=True, note=note)
+
+    return drive
+
+
+def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccache: Path, gpu: bool) -> dict[str, str]:
+    """The CIBW_* variables that build ``step`` in ``image``: the container driver's whole configuration."""
+    line = plan.line
+    environment = {
+        "HIP_PLATFORM": "amd",
+        "CCACHE_DIR": CONTAINER_CCACHE,
+        "CMAKE_C_COMPILER_LAUNCHER": "ccache",
+        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
+        "CMAKE_HIP_COMPILER_LAUNCHER": "ccache",
+        "HIPCC": CCACHE_HIPCC,
+        # pip finds the depends_on wheels here: before the build, and in the smoke test's venv.
+        **({"PIP_FIND_LINKS": f"{CONTAINER_PROJECT}/{HELPERS}/deps"} if step.dependencies else {}),
+        # Last, so a recipe may override any of the above.
+        **step.env,
+    }
+    create_args = [f"--volume={ccache}:{CONTAINER_CCACHE}"]
+    if gpu:
+        # The smoke test's gpu_code needs the GPU inside the container.
+        create_args += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video"]
+    # pypa/build: its --wheel comes from cibuildwheel, the rest (--no-isolation, the recipe's args) from the plan.
+    frontend_args = [arg for arg in step.build_args if arg != "--wheel"]
+    return {
+        "CIBW_PLATFORM": "linux",
+        "CIBW_ARCHS": "x86_64",
+        "CIBW_BUILD": " ".join(f"cp{version.replace('.', '')}-manylinux_x86_64" for version in line.python),
+        "CIBW_MANYLINUX_X86_64_IMAGE": image,
+        "CIBW_CONTAINER_ENGINE": f"{engine.name}; create_args: {shlex.join(create_args)}",
+        # cibuildwheel evaluates these like bash words: single quotes keep every value literal,
+        # as the local driver passes them.
+        "CIBW_ENVIRONMENT": " ".join(f"{key}={shlex.quote(value)}" for key, value in environment.items()),
+        "CIBW_BUILD_FRONTEND": f"build; args: {shlex.join(frontend_args)}" if frontend_args else "build",
+        "CIBW_BEFORE_BUILD": f"bash {{project}}/{HELPERS}/before-build.sh {{package}}",
+        "CIBW_REPAIR_WHEEL_COMMAND": repair_command(plan, step),
+        "CIBW_TEST_COMMAND": f"bash {{project}}/{HELPERS}/smoke.sh",
+    }
+
+
+def repair_command(plan: Plan, step: Step) -> str:
+    """The compiler cache statistics of the build just done, then ``rocwheels repair`` in the image."""
+    line, repair = plan.line, step.recipe.repair
+    options = ["--rocm-lib-dir", line.lib_dir]
+    if line.platform:
+        options += ["--plat", line.platform]
+    for flag, values in (("--exclude", repair.exclude), ("--link-package", repair.link_packages), ("--rpath", repair.rpath)):
+        for value in values:
+            options += [flag, value]
+    stats = f"echo {shlex.quote(STATS_BEGIN)}; ccache --print-stats 2>/dev/null || ccache -s; echo {shlex.quote(STATS_END)}"
+    # From /: a recipes/ folder in the project must not be taken for rocwheels' own (the options
+    # carry the recipe's and line's settings).
+    return f"{stats}; cd / && rocwheels repair {{wheel}} -w {{dest_dir}} {shlex.join(options)}"
+
+
+def before_build_script(step: Step) -> str:
+    """``before-build.sh PACKAGE_DIR``: what runs in the container before each Python's build."""
+    installs = [*step.recipe.build.requires, *(f"{name}=={version}" for name, version in step.dependencies)]
+    lines = [
+        "#!/bin/bash",
+        f"# Written by rocwheels for {step.name} {step.wheel_version}; cibuildwheel runs it before each build.",
+        "set -euxo pipefail",
+        "# Statistics of this build only: the repair command prints them.",
+        "ccache -z",
+        'ccache_bin=$(command -v ccache)',
+        f'mkdir -p {shlex.quote(os.path.dirname(CCACHE_HIPCC))}',
+        f'ln -sf "$ccache_bin" {shlex.quote(CCACHE_HIPCC)}',
+    ]
+    if installs:
+        lines.append(f"python -m pip install --disable-pip-version-check {shlex.join(installs)}")
+    # As the local driver runs them: each in its own bash, from the package folder.
+    lines.append('cd "$1"')
+    lines += [f"bash -euo pipefail -c {shlex.quote(command)}" for command in step.pre]
+    return "\n".join(lines) + "\n"
+
+
+def smoke_script(smoke: Smoke, *, gpu: bool) -> str:
+    """``smoke.sh``: the recipe's smoke checks, in cibuildwheel's fresh venv holding the repaired wheel."""
+    snippets = [f"import {module}" for module in smoke.imports]
+    snippets += [code for code in (smoke.code, smoke.gpu_code if gpu else None) if code]
+    lines = ["#!/bin/bash", "set -euxo pipefail", *(f"python -c {shlex.quote(snippet)}" for snippet in snippets)]
+    return "\n".join(lines) + "\n"
+
+
+def ccache_note(log_text: str) -> str:
+    """``ccache: 67% hits (2 of 3 compilations)`` from the statistics the repair commands logged."""
+    totals: Counter[str] = Counter()
+    blocks = re.findall(rf"^{re.escape(STATS_BEGIN)}$(.*?)^{re.escape(STATS_END)}$", log_text, re.M | re.S)
+    for block in blocks:
+        for row in block.splitlines():
+            v4, v3 = _STAT_V4.match(row.strip()), _STAT_V3.match(row.strip())
+            if v4:
+                totals[v4["key"]] += int(v4["value"])
+            elif v3:
+                totals[_V3_KEYS[v3["key"]]] += int(v3["value"])
+    if not blocks:
+        return "ccache: no statistics in the log"
+    hits = totals["direct_cache_hit"] + totals["preprocessed_cache_hit"]
+    calls = hits + totals["cache_miss"]
+    if calls:
+        return f"ccache: {100 * hits // calls}% hits ({hits} of {calls} compilations)"
+    links = totals["called_for_link"]
+    if links:
+        # ccache caches compilations to object files only (-c), never a call that also links.
+        return f"ccache: nothing cacheable ({links} compile-and-link calls)"
+    return "ccache: no compiler call went through ccache"
+
+
+def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool) -> None:
+    deps = helpers / "deps"
+    deps.mkdir(parents=True)
+    for name, version in step.dependencies:
+        shutil.copy2(accepted_wheel(layout.wheelhouse, name, version), deps)
+    (helpers / "before-build.sh").write_text(before_build_script(step))
+    (helpers / "smoke.sh").write_text(smoke_script(step.recipe.smoke, gpu=gpu))
+
+
+def _one_per_python(step: Step, plan: Plan, raw: Path, log_file: Path) -> list[Path]:
+    """The built wheels in the line's Python order, exactly one for each Python."""
+    by_python: dict[str, list[Path]] = {}
+    for wheel in sorted(raw.glob("*.whl")):
+        for interpreter in sorted({tag.interpreter for tag in parse_wheel_filename(wheel.name)[3]}):
+            by_python.setdefault(interpreter, []).append(wheel)
+    wanted = [f"cp{version.replace('.', '')}" for version in plan.line.python]
+    if any(len(by_python.get(python, ())) != 1 for python in wanted):
+        found = ", ".join(w.name for w in sorted(raw.glob("*.whl"))) or "none"
+        raise RocwheelsError(
+            f"{step.name}: expected one wheel for each of {', '.join(wanted)} in {raw}, found: {found}",
+            fix=f"see {log_file}",
+        )
+    return [by_python[python][0] for python in wanted]

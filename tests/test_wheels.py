@@ -1,0 +1,92 @@
+"""build -> repair -> verify -> wheelhouse for real, with the canary and this host's hipcc."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.analyze import analyze_wheel
+from pipeline.host import host_rocm_version
+from pipeline.layout import Layout
+from pipeline.lock import load_lock, select_line
+from pipeline.plan import make_plan
+from pipeline.recipes import load_recipes
+from pipeline.targets import parse_targets
+from pipeline.wheels import make_wheels
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.hipcc
+
+
+@pytest.fixture(scope="module")
+def line(hipcc):
+    return select_line(load_lock(REPO / "recipes"), None, host_rocm_version())
+
+
+@pytest.fixture(scope="module")
+def arch(hip_targets, line) -> str:
+    return ";".join(t for t in hip_targets if t in line[1].targets)
+
+
+def copy_recipes(dest: Path, smoke_import: str | None = None) -> Path:
+    shutil.copytree(REPO / "recipes", dest, ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    if smoke_import:
+        recipe = dest / "rocm-canary.toml"
+        recipe.write_text(recipe.read_text().replace('imports = ["rocm_canary"]', f'imports = ["{smoke_import}"]'))
+    return dest
+
+
+def canary_plan(layout: Layout, line, arch: str):
+    name, lock_line = line
+    return make_plan(load_recipes(layout.recipes_dir), ["rocm-canary"], recipes_dir=layout.recipes_dir,
+                     line_name=name, line=lock_line, targets=parse_targets(arch))
+
+
+def test_verified_canary_lands_in_the_wheelhouse(tmp_path, line, arch):
+    layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
+    plan = canary_plan(layout, line, arch)
+    (outcome,) = make_wheels(plan, layout)
+    assert outcome.status == "built", outcome.detail
+    assert outcome.wheel.parent == layout.wheelhouse
+    assert "manylinux" in outcome.wheel.name and f"+{line[1].local_version}" in outcome.wheel.name
+    (extension,) = analyze_wheel(outcome.wheel).members
+    assert set(extension.gpu_targets) == set(arch.split(";"))
+    log = layout.log_file("rocm-canary").read_text()
+    assert "auditwheel repair" in log and "pip install" in log
+    (again,) = make_wheels(plan, layout)
+    assert again.status == "up to date" and again.wheel == outcome.wheel
+
+
+def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, line, arch):
+    layout = Layout(copy_recipes(tmp_path / "recipes", smoke_import="rocm_canary.missing"), tmp_path / "wheelhouse", tmp_path / "work")
+    (outcome,) = make_wheels(canary_plan(layout, line, arch), layout)
+    assert outcome.status == "failed"
+    assert "failed verification" in outcome.detail
+    assert not list(layout.wheelhouse.glob("*.whl"))
+    assert "rocm_canary.missing" in layout.log_file("rocm-canary").read_text()
+
+
+def test_make_wheels_for_the_canary(tmp_path, arch):
+    """The issue's own command line: make wheels ARCH=... RECIPES=rocm-canary DRIVER=local."""
+    env = {**os.environ, "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"), "ROCWHEELS_WORK_DIR": str(tmp_path / "work")}
+    result = subprocess.run(["make", "-s", "wheels", f"ARCH={arch}", "RECIPES=rocm-canary", "DRIVER=local"],
+                            cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(list((tmp_path / "wheelhouse").glob("rocm_canary-*manylinux*.whl"))) == 1
+
+
+def test_demo_end_to_end(tmp_path):
+    """make demo's job: build, repair, verify, publish to pypiserver, install, smoke test; no server left."""
+    env = {**os.environ, "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"), "ROCWHEELS_WORK_DIR": str(tmp_path / "work"), "COLUMNS": "200"}
+    result = subprocess.run([sys.executable, "-m", "pipeline", "demo"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for step in ("build, repair, verify", "publish", "install into a fresh venv", "smoke test", "stopped"):
+        assert step in result.stdout
+    assert "1 uploaded" in result.stdout
+    servers = subprocess.run(["pgrep", "-f", "pypiserver run .*rocwheels-demo-"], capture_output=True, text=True)
+    assert servers.stdout == "", "a process of the demo is still running"
