@@ -6,7 +6,6 @@ another, so each line gets its own index tree (``simple/rocm6.2/``) and its own 
 
 from __future__ import annotations
 
-import hashlib
 import html
 import logging
 import os
@@ -21,6 +20,7 @@ from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_fi
 from packaging.version import Version
 
 from .errors import RocwheelsError
+from .sources import file_sha256
 
 log = logging.getLogger("rocwheels")
 
@@ -42,14 +42,6 @@ class WheelFile:
         """The ROCm line this wheel belongs to (``rocm6.2``), or None for a wheel outside any line."""
         local = self.version.local
         return local if local and local.startswith("rocm") else None
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:

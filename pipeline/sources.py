@@ -62,7 +62,7 @@ def _download(url: str, sha256: str, recipe_file: Path, logger: logging.LoggerAd
         except OSError as exc:
             os.unlink(partial.name)
             raise RocwheelsError(f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache") from None
-    digest = _sha256(Path(partial.name))
+    digest = file_sha256(Path(partial.name))
     if digest != sha256:
         os.unlink(partial.name)
         raise ConfigError(recipe_file, "source.sha256", f"{url} has sha256 {digest}, the recipe expects {sha256}", fix="if the new file is trusted, update source.sha256; otherwise the download was tampered with or the URL changed")
@@ -70,7 +70,7 @@ def _download(url: str, sha256: str, recipe_file: Path, logger: logging.LoggerAd
     return target
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as stream:
         for block in iter(lambda: stream.read(1 << 20), b""):

@@ -244,3 +244,35 @@ def raw_zip() -> Callable[[Path, Mapping[str, bytes]], Path]:
     """``raw_zip(path, {member: bytes})``: an archive exactly as given (no RECORD or metadata added),
     for wheels that are broken on purpose."""
     return _raw_zip
+
+
+# --- the canary recipe on this host's lock line (build and wheels tests) ---
+
+from pipeline.host import host_rocm_version  # noqa: E402
+from pipeline.layout import Layout  # noqa: E402
+from pipeline.lock import load_lock, select_line  # noqa: E402
+from pipeline.plan import Plan, make_plan  # noqa: E402
+from pipeline.recipes import load_recipes  # noqa: E402
+from pipeline.targets import parse_targets  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def host_line(hipcc):
+    """(name, line) of the lock line for this host's ROCm (Debian 12: debian12, Debian 13: debian13)."""
+    return select_line(load_lock(REPO / "recipes"), None, host_rocm_version())
+
+
+@pytest.fixture(scope="session")
+def canary_targets(hip_targets, host_line) -> tuple[str, ...]:
+    """Targets both the local hipcc compiles (probed) and the host's lock line lists."""
+    targets = tuple(t for t in hip_targets if t in host_line[1].targets)
+    assert targets, f"hipcc compiles {hip_targets}, the lock line lists {host_line[1].targets}"
+    return targets
+
+
+def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
+    name, lock_line = line
+    return make_plan(load_recipes(layout.recipes_dir), ["rocm-canary"], recipes_dir=layout.recipes_dir,
+                     line_name=name, line=lock_line, targets=parse_targets(";".join(targets)))

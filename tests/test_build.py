@@ -1,43 +1,17 @@
 """The local build driver, for real: the canary built with this host's hipcc."""
 
 import zipfile
-from pathlib import Path
 
 import pytest
+from conftest import REPO, canary_plan
 
 from pipeline.build import build_local
 from pipeline.elf import read_elf
 from pipeline.errors import CommandError
-from pipeline.host import host_rocm_version
 from pipeline.layout import Layout
-from pipeline.lock import load_lock, select_line
 from pipeline.offload import gpu_targets, parse_fatbin
-from pipeline.plan import make_plan
-from pipeline.recipes import load_recipes
-from pipeline.targets import parse_targets
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.hipcc
-
-
-@pytest.fixture(scope="session")
-def host_line(hipcc):
-    """The lock line for this host's ROCm (Debian 12: debian12, Debian 13: debian13)."""
-    return select_line(load_lock(REPO / "recipes"), None, host_rocm_version())
-
-
-@pytest.fixture(scope="session")
-def canary_targets(hip_targets, host_line):
-    """Targets both the local hipcc compiles (probed) and the host's lock line lists."""
-    targets = tuple(t for t in hip_targets if t in host_line[1].targets)
-    assert targets, f"hipcc compiles {hip_targets}, the lock line lists {host_line[1].targets}"
-    return targets
-
-
-def canary_plan(layout: Layout, line, targets: tuple[str, ...]):
-    name, line = line
-    return make_plan(load_recipes(layout.recipes_dir), ["rocm-canary"], recipes_dir=layout.recipes_dir,
-                     line_name=name, line=line, targets=parse_targets(";".join(targets)))
 
 
 @pytest.fixture(scope="session")

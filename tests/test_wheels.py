@@ -9,28 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, canary_plan
 
 from pipeline.analyze import analyze_wheel
-from pipeline.host import host_rocm_version
 from pipeline.layout import Layout
-from pipeline.lock import load_lock, select_line
-from pipeline.plan import make_plan
-from pipeline.recipes import load_recipes
-from pipeline.targets import parse_targets
 from pipeline.wheels import make_wheels
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.hipcc
-
-
-@pytest.fixture(scope="module")
-def line(hipcc):
-    return select_line(load_lock(REPO / "recipes"), None, host_rocm_version())
-
-
-@pytest.fixture(scope="module")
-def arch(hip_targets, line) -> str:
-    return ";".join(t for t in hip_targets if t in line[1].targets)
 
 
 def copy_recipes(dest: Path, smoke_import: str | None = None) -> Path:
@@ -41,40 +26,34 @@ def copy_recipes(dest: Path, smoke_import: str | None = None) -> Path:
     return dest
 
 
-def canary_plan(layout: Layout, line, arch: str):
-    name, lock_line = line
-    return make_plan(load_recipes(layout.recipes_dir), ["rocm-canary"], recipes_dir=layout.recipes_dir,
-                     line_name=name, line=lock_line, targets=parse_targets(arch))
-
-
-def test_verified_canary_lands_in_the_wheelhouse(tmp_path, line, arch):
+def test_verified_canary_lands_in_the_wheelhouse(tmp_path, host_line, canary_targets):
     layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
-    plan = canary_plan(layout, line, arch)
+    plan = canary_plan(layout, host_line, canary_targets)
     (outcome,) = make_wheels(plan, layout)
     assert outcome.status == "built", outcome.detail
     assert outcome.wheel.parent == layout.wheelhouse
-    assert "manylinux" in outcome.wheel.name and f"+{line[1].local_version}" in outcome.wheel.name
+    assert "manylinux" in outcome.wheel.name and f"+{host_line[1].local_version}" in outcome.wheel.name
     (extension,) = analyze_wheel(outcome.wheel).members
-    assert set(extension.gpu_targets) == set(arch.split(";"))
+    assert set(extension.gpu_targets) == set(canary_targets)
     log = layout.log_file("rocm-canary").read_text()
     assert "auditwheel repair" in log and "pip install" in log
     (again,) = make_wheels(plan, layout)
     assert again.status == "up to date" and again.wheel == outcome.wheel
 
 
-def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, line, arch):
+def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, host_line, canary_targets):
     layout = Layout(copy_recipes(tmp_path / "recipes", smoke_import="rocm_canary.missing"), tmp_path / "wheelhouse", tmp_path / "work")
-    (outcome,) = make_wheels(canary_plan(layout, line, arch), layout)
+    (outcome,) = make_wheels(canary_plan(layout, host_line, canary_targets), layout)
     assert outcome.status == "failed"
     assert "failed verification" in outcome.detail
     assert not list(layout.wheelhouse.glob("*.whl"))
     assert "rocm_canary.missing" in layout.log_file("rocm-canary").read_text()
 
 
-def test_make_wheels_for_the_canary(tmp_path, arch):
+def test_make_wheels_for_the_canary(tmp_path, canary_targets):
     """The issue's own command line: make wheels ARCH=... RECIPES=rocm-canary DRIVER=local."""
     env = {**os.environ, "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"), "ROCWHEELS_WORK_DIR": str(tmp_path / "work")}
-    result = subprocess.run(["make", "-s", "wheels", f"ARCH={arch}", "RECIPES=rocm-canary", "DRIVER=local"],
+    result = subprocess.run(["make", "-s", "wheels", f"ARCH={';'.join(canary_targets)}", "RECIPES=rocm-canary", "DRIVER=local"],
                             cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(list((tmp_path / "wheelhouse").glob("rocm_canary-*manylinux*.whl"))) == 1
