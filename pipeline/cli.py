@@ -56,13 +56,14 @@ def load_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str |
 
 def target_options(command):
     """The options that choose what to build: recipes, GPU targets, ROCm line, driver."""
-    command = click.option("--driver", type=click.Choice(DRIVERS), default="local", envvar="DRIVER", show_default=True,
+    # No bare ARCH/ROCM/DRIVER environment variables: ARCH=x86_64 is common in build shells.
+    command = click.option("--driver", type=click.Choice(DRIVERS), default="container", envvar="ROCWHEELS_DRIVER", show_default=True,
                            help="local: this host's ROCm; container: the lock line's builder image")(command)
-    command = click.option("--rocm", "rocm", envvar="ROCM", default=None,
+    command = click.option("--rocm", "rocm", envvar="ROCWHEELS_ROCM", default=None,
                            help="lock line (recipes/lock.toml [lines.NAME]); default: the host's ROCm (local) or default_line")(command)
-    command = click.option("--arch", required=True, envvar="ARCH",
+    command = click.option("--arch", required=True, envvar="ROCWHEELS_ARCH",
                            help="GPU targets: gfx942, 'gfx90a;gfx942' or gfx90a,gfx942")(command)
-    command = click.option("--recipes", envvar="RECIPES", default=None,
+    command = click.option("--recipes", default=None,
                            help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
     return command
 
@@ -293,7 +294,7 @@ def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
 
 
 @cli.command("demo")
-@click.option("--arch", envvar="ARCH", default=None, help="GPU targets (default: every target this host's compiler takes)")
+@click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets (default: every target this host's compiler takes)")
 @click.pass_obj
 def demo_command(obj: Context, arch: str | None) -> None:
     """The canary through the whole job on this host: build, repair, verify, publish, install."""
