@@ -33,6 +33,11 @@ class BuiltWheel:
     seconds: float
     repaired: bool = False  # the container driver repairs inside the builder image
     note: str = ""  # shown in the summary (e.g. the compiler cache hit rate)
+    more: tuple[Path, ...] = ()  # the same build for the line's other Python versions
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return (self.path, *self.more)
 
 
 def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None) -> BuiltWheel:
@@ -73,28 +78,32 @@ def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] 
 def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: logging.LoggerAdapter) -> Path:
     """A fresh venv with pypa/build, the recipe's build requirements and its dependencies' wheels."""
     run([sys.executable, "-m", "venv", venv], log_file=log_file, logger=logger)
-    wheels = [accepted_wheel(layout.wheelhouse, name, version) for name, version in step.dependencies]
-    requirements = ["build", *step.recipe.build.requires, *map(str, wheels)]
-    run([venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q", *requirements],
-        log_file=log_file, logger=logger)
+    for name, version in step.dependencies:
+        accepted_wheels(layout.wheelhouse, name, version)  # fail early and clearly if one is missing
+    # pip picks the dependency wheel matching this Python from the wheelhouse.
+    pins = [f"{name}=={version}" for name, version in step.dependencies]
+    links = ["--find-links", layout.wheelhouse] if pins else []
+    run([venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q", *links,
+         "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)
     return venv
 
 
-def find_wheel(folder: Path, dist_name: str, version: str) -> Path | None:
-    """A wheel of exactly ``dist_name==version`` in ``folder``, if there is one."""
+def find_wheels(folder: Path, dist_name: str, version: str) -> list[Path]:
+    """The wheels of exactly ``dist_name==version`` in ``folder`` (one per Python version)."""
+    found = []
     for wheel in sorted(folder.glob("*.whl")):
         name, wheel_version, _, _ = parse_wheel_filename(wheel.name)
         if name.replace("-", "_") == dist_name and str(wheel_version) == version:
-            return wheel
-    return None
+            found.append(wheel)
+    return found
 
 
-def accepted_wheel(wheelhouse: Path, dist_name: str, version: str) -> Path:
-    """The accepted wheel of a dependency (built earlier in the plan, or before)."""
-    wheel = find_wheel(wheelhouse, dist_name, version)
-    if wheel is None:
+def accepted_wheels(wheelhouse: Path, dist_name: str, version: str) -> list[Path]:
+    """The accepted wheels of a dependency (built earlier in the plan, or before)."""
+    wheels = find_wheels(wheelhouse, dist_name, version)
+    if not wheels:
         raise RocwheelsError(f"no wheel of {dist_name}=={version} in {wheelhouse}", fix="build that recipe first (it is in depends_on)")
-    return wheel
+    return wheels
 
 
 def _the_wheel(step: Step, dist: Path, log_file: Path) -> Path:

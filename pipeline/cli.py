@@ -110,13 +110,12 @@ def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None,
 @target_options
 @click.pass_obj
 def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str) -> None:
-    """Build raw wheels into the work folder (no repair or verify: see `wheels`)."""
-    from .build import build_local
-
+    """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
     plan = load_plan(obj.layout, recipes, arch, rocm, driver)
+    build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
-        built = build_local(step, obj.layout)
-        click.echo(f"{built.recipe}: raw wheel {built.path}")
+        built = build(step, obj.layout, lambda line: None)
+        click.echo(f"{built.recipe}: {'repaired' if built.repaired else 'raw'} wheel {built.path}")
 
 
 def _wheel_context(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:
@@ -312,12 +311,102 @@ def demo_command(obj: Context, arch: str | None) -> None:
     Console().print(table)
 
 
+def engine_option(command):
+    from .engine import ENGINES
+
+    return click.option("--engine", "engine_name", type=click.Choice(ENGINES), default=None, envvar="ROCWHEELS_ENGINE",
+                        help="container engine (default: podman if it works, else docker)")(command)
+
+
+def rocm_line_option(command):
+    return click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None,
+                        help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")(command)
+
+
+@cli.group("image")
+def image_group() -> None:
+    """The builder image (docker/Dockerfile.builder) and the Debian bases made without a registry."""
+
+
+@image_group.command("build")
+@rocm_line_option
+@engine_option
+@click.pass_obj
+def image_build(obj: Context, rocm: str | None, engine_name: str | None) -> None:
+    """Build (or find, when its inputs are unchanged) the builder image of a lock line; print its tag."""
+    from .container import builder_image
+    from .engine import detect_engine
+
+    name, line = lockmod.select_line(lockmod.load_lock(obj.layout.recipes_dir), rocm)
+    click.echo(builder_image(name, line, detect_engine(engine_name), recipes_dir=obj.layout.recipes_dir))
+
+
+@image_group.command("base")
+@click.option("--suite", type=click.Choice(("bookworm", "trixie")), required=True,
+              help="bookworm: HIP 5.2 (gfx90a, gfx940); trixie: HIP 5.7 (also gfx942)")
+@engine_option
+@click.pass_obj
+def image_base(obj: Context, suite: str, engine_name: str | None) -> None:
+    """Make localhost/rocwheels-base:SUITE from Debian's HIP packages (debootstrap, as root; ~90 s, ~1 GB)."""
+    from .cmd import run
+    from .engine import detect_engine
+    from .image import PROJECT_ROOT
+    from .progress import long_step
+
+    engine = detect_engine(engine_name)
+    image = f"localhost/rocwheels-base:{suite}"
+    log_file = obj.layout.logs / f"image-base-{suite}.log"
+    with long_step(f"image base {suite}", log) as on_output:
+        run(["bash", PROJECT_ROOT / "docker" / "test-base" / "make-base.sh", suite, image],
+            env={**engine.env, "ROCWHEELS_ENGINE": engine.name}, log_file=log_file, on_output=on_output)
+    click.echo(image)
+
+
+@image_group.command("test")
+@rocm_line_option
+@engine_option
+@click.pass_obj
+def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) -> None:
+    """Run rocminfo in the line's builder image with this host's GPU passed in; exit 1 unless it sees one."""
+    from .container import builder_image
+    from .doctor import DEV, device_check, format_check, image_test
+    from .engine import detect_engine
+
+    # Without a GPU there is nothing to test: say so before building an image for nothing.
+    check = device_check(DEV / "kfd")
+    if check.ok:
+        engine = detect_engine(engine_name)
+        name, line = lockmod.select_line(lockmod.load_lock(obj.layout.recipes_dir), rocm)
+        check = image_test(engine, builder_image(name, line, engine, recipes_dir=obj.layout.recipes_dir))
+    click.echo(format_check(check))
+    if check.ok is not True:
+        sys.exit(1)
+
+
+@cli.command("doctor")
+@click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets the wheels are built for (checked against this host's GPUs)")
+@click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line to compare the host's ROCm with")
+@click.pass_obj
+def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
+    """Check this host: container engine, GPU devices and groups, GPUs vs ARCH, ROCm vs the lock line."""
+    from .doctor import format_check, run_doctor
+
+    line = lockmod.load_lock(obj.layout.recipes_dir).line(rocm) if rocm else None
+    checks = run_doctor(arch, line, line_name=rocm)
+    for check in checks:
+        click.echo(format_check(check))
+    if any(check.ok is False for check in checks):
+        sys.exit(1)
+
+
 def driver_for(driver: str, plan: Plan, layout: Layout):
     if driver == "local":
         from .wheels import local_driver
 
         return local_driver
-    raise RocwheelsError("the container driver is not available yet", fix="use DRIVER=local on a ROCm host")
+    from .container import container_driver
+
+    return container_driver(plan, layout)
 
 
 def main() -> None:

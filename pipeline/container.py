@@ -33,15 +33,16 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from .build import BuiltWheel, accepted_wheel
+from .build import BuiltWheel, accepted_wheels
 from .cmd import run
 from .engine import Engine, detect_engine
 from .errors import RocwheelsError
 from .image import build_image
 from .layout import Layout
+from .lock import Line
 from .log import recipe_logger
 from .plan import Plan, Step
-from .recipes import Smoke
+from .recipes import LOCK_FILE, Smoke
 from .smoke import gpu_present
 from .sources import cache_dir, prepare_source
 from .wheels import Driver
@@ -58,6 +59,7 @@ CCACHE_HIPCC = "/tmp/rocwheels-ccache/hipcc"
 # The repair command prints the compiler cache statistics between these lines.
 STATS_BEGIN = "rocwheels: ccache statistics"
 STATS_END = "rocwheels: end of ccache statistics"
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # `ccache --print-stats` (ccache 4) prints "key<TAB>value"; ccache 3 (EPEL 8, the ROCm EL8
 # images) only has the human `ccache -s` table, whose rows are mapped to the same keys.
@@ -77,21 +79,39 @@ def ccache_dir() -> Path:
     return Path(configured) if configured else cache_dir() / "ccache"
 
 
+def require_pinned(line_name: str, line: Line, recipes_dir: Path) -> None:
+    """Refuse a registry base image named by a tag: it can move, so one lock could build different wheels.
+
+    Images rocwheels makes itself (``localhost/...``) are pinned by the content hash in their tag.
+    """
+    if not line.pinned:
+        raise RocwheelsError(
+            f"the builder image of ROCm line {line_name} ({line.builder_image}) is not pinned by digest: "
+            "a tag can move, so the same lock could build different wheels",
+            fix=f"pull it and read its digest (`podman pull {line.builder_image} && podman image inspect --format "
+            f"'{{{{.Digest}}}}' {line.builder_image}`), then write builder_image = \"<image>@sha256:<digest>\" in "
+            f"[lines.{line_name}] of {recipes_dir / LOCK_FILE}",
+        )
+
+
+def builder_image(line_name: str, line: Line, engine: Engine, *, recipes_dir: Path, log_file: Path | None = None) -> str:
+    """Build (or find) the builder image of a lock line on its pinned base; return its tag."""
+    require_pinned(line_name, line, recipes_dir)
+    return build_image(
+        line_name, line.builder_image, line.python, engine,
+        # All the line's targets, not one run's: a new ARCH must not rebuild the image (each
+        # recipe passes its own targets into the container).
+        rocm_path=line.rocm_path, rocm_archs=line.targets, log_file=log_file,
+    )
+
+
 def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None) -> Driver:
     """A build driver for ``plan`` that builds each step in the line's builder image.
 
     Checked before anything is built: the line's base image is pinned, a container engine works.
     The builder image itself is made (or found) when the first step needs it.
     """
-    line = plan.line
-    if not line.pinned:
-        raise RocwheelsError(
-            f"the builder image of ROCm line {plan.line_name} ({line.builder_image}) is not pinned by digest: "
-            "a tag can move, so the same lock could build different wheels",
-            fix=f"pull it and read its digest (`podman pull {line.builder_image} && podman image inspect --format "
-            f"'{{{{.Digest}}}}' {line.builder_image}`), then write builder_image = \"<image>@sha256:<digest>\" in "
-            f"[lines.{plan.line_name}] of {layout.recipes_dir / 'lock.toml'}",
-        )
+    require_pinned(plan.line_name, plan.line, layout.recipes_dir)
     engine = engine or detect_engine()
     gpu = gpu_present()
     image: str | None = None
@@ -105,12 +125,7 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
         log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version} in the builder container ({engine.name})\n")
         logger.info("building %s in the builder container (log: %s)", step.wheel_version, log_file)
         if image is None:
-            image = build_image(
-                plan.line_name, line.builder_image, line.python, engine,
-                # All the line's targets, not this run's: ARCH changes must not rebuild the image
-                # (each recipe gets its own targets through CIBW_ENVIRONMENT anyway).
-                rocm_path=line.rocm_path, rocm_archs=line.targets, log_file=log_file,
-            )
+            image = builder_image(plan.line_name, plan.line, engine, recipes_dir=layout.recipes_dir, log_file=log_file)
 
         work = layout.recipe_work(step.name)
         if work.exists():
@@ -127,8 +142,6 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
         cache.mkdir(parents=True, exist_ok=True)
 
         settings = cibuildwheel_env(plan, step, engine=engine, image=image, ccache=cache, gpu=gpu)
-        for key, value in settings.items():
-            logger.debug("%s=%s", key, value)
         # --config-file: the recipe alone decides the build; a [tool.cibuildwheel] table in the
         # project's pyproject.toml (test-requires, before-all ...) would otherwise add to it.
         run(
@@ -138,20 +151,30 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
 
         wheels = _one_per_python(step, plan, raw, log_file)
         note = ccache_note(log_file.read_text(encoding="utf-8", errors="replace"))
-        if len(wheels) > 1:
-            # wheels.py verifies and accepts one wheel per recipe: the others wait in raw/.
-            note += f"; not verified, left in {raw}: {', '.join(w.name for w in wheels[1:])}"
         seconds = time.monotonic() - started
         logger.info("built %s in %.0f s (%s)", ", ".join(w.name for w in wheels), seconds, note)
-        return BuiltWheel(step.name, wheels[0], log_file, seconds, repaired=True, note=note)
+        return BuiltWheel(step.name, wheels[0], log_file, seconds, repaired=True, note=note, more=tuple(wheels[1:]))
 
     return drive
 
 
 def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccache: Path, gpu: bool) -> dict[str, str]:
-    """The CIBW_* variables that build ``step`` in ``image``: the container driver's whole configuration."""
+    """The environment for cibuildwheel that builds ``step`` in ``image``: the driver's whole configuration.
+
+    The recipe's variables reach the container through CIBW_ENVIRONMENT_PASS_LINUX, which copies
+    values verbatim. CIBW_ENVIRONMENT would run them through cibuildwheel's bash-like parser
+    (bashlex), which rejects or mangles even single-quoted text holding a backtick, ``<(`` or
+    ``${(`` (seen with cibuildwheel 4.3.5); it carries only rocwheels' own fixed settings, each
+    dropped where the recipe sets the same variable.
+    """
     line = plan.line
-    environment = {
+    bad_names = [name for name in step.env if not _ENV_NAME.fullmatch(name)]
+    if bad_names:
+        raise RocwheelsError(
+            f"{step.name}: environment variable name(s) {', '.join(map(repr, bad_names))} cannot be passed into the container",
+            fix="use letters, digits and '_' in the recipe's [env] names",
+        )
+    defaults = {
         "HIP_PLATFORM": "amd",
         "CCACHE_DIR": CONTAINER_CCACHE,
         "CMAKE_C_COMPILER_LAUNCHER": "ccache",
@@ -160,8 +183,6 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
         "HIPCC": CCACHE_HIPCC,
         # pip finds the depends_on wheels here: before the build, and in the smoke test's venv.
         **({"PIP_FIND_LINKS": f"{CONTAINER_PROJECT}/{HELPERS}/deps"} if step.dependencies else {}),
-        # Last, so a recipe may override any of the above.
-        **step.env,
     }
     create_args = [f"--volume={ccache}:{CONTAINER_CCACHE}"]
     if gpu:
@@ -170,14 +191,14 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
     # pypa/build: its --wheel comes from cibuildwheel, the rest (--no-isolation, the recipe's args) from the plan.
     frontend_args = [arg for arg in step.build_args if arg != "--wheel"]
     return {
+        **step.env,
         "CIBW_PLATFORM": "linux",
         "CIBW_ARCHS": "x86_64",
         "CIBW_BUILD": " ".join(f"cp{version.replace('.', '')}-manylinux_x86_64" for version in line.python),
         "CIBW_MANYLINUX_X86_64_IMAGE": image,
         "CIBW_CONTAINER_ENGINE": f"{engine.name}; create_args: {shlex.join(create_args)}",
-        # cibuildwheel evaluates these like bash words: single quotes keep every value literal,
-        # as the local driver passes them.
-        "CIBW_ENVIRONMENT": " ".join(f"{key}={shlex.quote(value)}" for key, value in environment.items()),
+        "CIBW_ENVIRONMENT_PASS_LINUX": " ".join(step.env),
+        "CIBW_ENVIRONMENT": " ".join(f"{key}={shlex.quote(value)}" for key, value in defaults.items() if key not in step.env),
         "CIBW_BUILD_FRONTEND": f"build; args: {shlex.join(frontend_args)}" if frontend_args else "build",
         "CIBW_BEFORE_BUILD": f"bash {{project}}/{HELPERS}/before-build.sh {{package}}",
         "CIBW_REPAIR_WHEEL_COMMAND": repair_command(plan, step),
@@ -257,7 +278,8 @@ def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool) -> None
     deps = helpers / "deps"
     deps.mkdir(parents=True)
     for name, version in step.dependencies:
-        shutil.copy2(accepted_wheel(layout.wheelhouse, name, version), deps)
+        for wheel in accepted_wheels(layout.wheelhouse, name, version):
+            shutil.copy2(wheel, deps)
     (helpers / "before-build.sh").write_text(before_build_script(step))
     (helpers / "smoke.sh").write_text(smoke_script(step.recipe.smoke, gpu=gpu))
 

@@ -62,9 +62,9 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
     steps: list[DemoStep] = []
     with _timed(steps, "build, repair, verify") as result:
         (outcome,) = [o for o in make_wheels(plan, layout, force=True) if o.recipe == CANARY]
-        if outcome.wheel is None:
+        if not outcome.wheels:
             raise RocwheelsError(f"the canary did not reach the wheelhouse: {outcome.detail}", fix=f"see {layout.log_file(CANARY)}")
-        result.append(outcome.wheel.name)
+        result.append(", ".join(w.name for w in outcome.wheels))
     version = plan.steps[-1].wheel_version
     with tempfile.TemporaryDirectory(prefix="rocwheels-demo-") as scratch:
         root = Path(scratch)

@@ -43,28 +43,32 @@ class Engine:
         return [*self.argv_prefix, *args]
 
 
-def detect_engine() -> Engine:
+ENGINES = ("podman", "docker")
+
+
+def detect_engine(only: str | None = None) -> Engine:
     """Podman, preferred because it needs no daemon; docker only if its engine answers.
+    ``only`` restricts the choice to that engine.
 
     Each candidate is asked for ``info``: that catches a docker client with no engine behind it
     and a podman whose runtime cannot start.
     """
     problems: list[str] = []
-    podman = shutil.which("podman")
+    podman = shutil.which("podman") if only in (None, "podman") else None
     if podman:
         env = podman_env()
         result = run([podman, "info", "--format", "{{.Host.OCIRuntime.Name}}"], env=env, check=False)
         if result.returncode == 0:
             return Engine("podman", (podman,), env)
         problems.append(f"`{podman} info` failed: {_last_line(result.output)}")
-    docker = shutil.which("docker")
+    docker = shutil.which("docker") if only in (None, "docker") else None
     if docker:
         result = run([docker, "info", "--format", "{{.ServerVersion}}"], check=False)
         if result.returncode == 0:
             return Engine("docker", (docker,), {})
         problems.append(f"`{docker} info` reached no Docker engine: {_last_line(result.output)}")
     if not problems:
-        problems.append("neither podman nor docker is on PATH")
+        problems.append(f"{only} is not on PATH" if only else "neither podman nor docker is on PATH")
     raise RocwheelsError(
         "no working container engine for the builder image (" + "; ".join(problems) + ")",
         fix=INSTALL_FIX,

@@ -24,6 +24,7 @@ from .errors import RocwheelsError
 log = logging.getLogger("rocwheels")
 
 BUILDER_REPOSITORY = "localhost/rocwheels-builder"
+LOCAL_PREFIX = "localhost/"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # Extra CAs of the host: pip in the container needs them behind a TLS-intercepting proxy.
 HOST_CA_DIR = Path("/usr/local/share/ca-certificates")
@@ -74,6 +75,12 @@ def build_image(
         # A base named by tag (such as the debootstrapped test base) can be re-made or move: its
         # local image ID, when known, joins the hash. A digest already pins the content.
         base_id = "" if "@sha256:" in base_image else image_id(engine, base_image) or ""
+        if not base_id and base_image.startswith(LOCAL_PREFIX):
+            # The engine would try a registry named "localhost" and fail after retries.
+            raise RocwheelsError(
+                f"base image {base_image} is not in {engine.name}'s image storage (localhost/ images are made here, never pulled)",
+                fix="make it first: `rocwheels image base --suite SUITE` for the Debian bases (see image_source in recipes/lock.toml)",
+            )
         tag = f"{BUILDER_REPOSITORY}:{line_name}-{_input_hash(context, build_args, base_id)}"
         if image_id(engine, tag) is not None:
             log.info("builder image %s is up to date", tag)

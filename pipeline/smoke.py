@@ -40,12 +40,15 @@ def interpreter_for(wheel: Path) -> str | None:
         return sys.executable
     for version in sorted(versions):
         found = shutil.which(f"python{version[0]}.{version[1:]}")
-        if found:
+        # A pyenv shim is on PATH for every version it knows, and fails for the inactive ones.
+        if found and run([found, "-c", ""], check=False, quiet=True).returncode == 0:
             return found
     return None
 
 
-def smoke_test(wheel: Path, smoke: Smoke, *, extra_wheels: Sequence[Path] = (), log_file: Path | None = None, scratch: Path | None = None) -> SmokeResult:
+def smoke_test(wheel: Path, smoke: Smoke, *, requirements: Sequence[str] = (), find_links: Path | None = None,
+               log_file: Path | None = None, scratch: Path | None = None) -> SmokeResult:
+    """Install ``wheel`` (and ``requirements``, found in ``find_links``) into a fresh venv, run the checks."""
     python = interpreter_for(wheel)
     if python is None:
         return SmokeResult(False, True, f"no Python on this machine matches {wheel.name}; not installed")
@@ -54,7 +57,9 @@ def smoke_test(wheel: Path, smoke: Smoke, *, extra_wheels: Sequence[Path] = (), 
         venv_python = venv / "bin" / "python"
         try:
             run([python, "-m", "venv", venv], log_file=log_file)
-            run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", wheel, *extra_wheels], log_file=log_file, cwd=Path(folder))
+            links = ["--find-links", find_links] if find_links else []
+            run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *links, wheel, *requirements],
+                log_file=log_file, cwd=Path(folder))
             snippets = [f"import {module}" for module in smoke.imports] + ([smoke.code] if smoke.code else [])
             for snippet in snippets:
                 run([venv_python, "-c", snippet], log_file=log_file, cwd=Path(folder))

@@ -39,7 +39,9 @@ class Expectations:
     version: str | None = None  # the exact version, 2.5.1+rocm6.2
     extra_rpath: tuple[str, ...] = ()
     smoke: Smoke | None = None
-    smoke_wheels: tuple[Path, ...] = ()  # depends_on wheels the smoke test installs too
+    # depends_on pins (torch==2.5.1+rocm6.2) the smoke test installs too, from find_links
+    smoke_requirements: tuple[str, ...] = ()
+    find_links: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         if any(f.level == ERROR for f in findings):
             findings.append(Finding(WARNING, "smoke", "not run: the wheel has errors"))
         else:
-            result = smoke_test(wheel, expect.smoke, extra_wheels=expect.smoke_wheels, log_file=log_file, scratch=scratch)
+            result = smoke_test(wheel, expect.smoke, requirements=expect.smoke_requirements, find_links=expect.find_links,
+                                log_file=log_file, scratch=scratch)
             findings.append(Finding(WARNING if result.skipped else ERROR if not result.passed else "ok", "smoke", result.message))
     targets = {m.name: m.gpu_targets for m in analysis.members if m.gpu_targets}
     return Report(wheel, tuple(findings), targets)
@@ -183,8 +186,10 @@ def reports_json(reports: Sequence[Report]) -> str:
     return json.dumps([r.to_dict() for r in reports], indent=2)
 
 
-def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None, *, version: str | None = None, smoke_wheels: tuple[Path, ...] = ()) -> Expectations:
+def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None, *, version: str | None = None,
+                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None) -> Expectations:
     """What a wheel of ``recipe`` built for ``line`` must be."""
     links = tuple(LinkPackage.parse(entry) for entry in recipe.repair.link_packages)
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
-    return Expectations(layout=layout, targets=targets, version=version, extra_rpath=recipe.repair.rpath, smoke=recipe.smoke, smoke_wheels=smoke_wheels)
+    return Expectations(layout=layout, targets=targets, version=version, extra_rpath=recipe.repair.rpath, smoke=recipe.smoke,
+                        smoke_requirements=smoke_requirements, find_links=find_links)

@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .build import BuiltWheel, accepted_wheel, build_local, find_wheel
+from .build import BuiltWheel, build_local, find_wheels
 from .errors import RocwheelsError
 from .layout import Layout
 from .log import recipe_logger
@@ -36,7 +36,7 @@ Driver = Callable[[Step, Layout, Callable[[str], None]], BuiltWheel]
 class Outcome:
     recipe: str
     status: str  # "built", "up to date", "failed", "skipped"
-    wheel: Path | None = None
+    wheels: tuple[Path, ...] = ()  # in the wheelhouse, one per Python version
     seconds: float = 0.0
     detail: str = ""
 
@@ -52,48 +52,53 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
         if failed_deps:
             outcomes[step.name] = Outcome(step.name, "skipped", detail=f"needs {', '.join(failed_deps)}")
             continue
-        existing = find_wheel(layout.wheelhouse, step.recipe.dist_name, step.wheel_version)
+        existing = find_wheels(layout.wheelhouse, step.recipe.dist_name, step.wheel_version)
         if existing and not force:
-            outcomes[step.name] = Outcome(step.name, "up to date", existing, detail="already in the wheelhouse (--force rebuilds)")
+            outcomes[step.name] = Outcome(step.name, "up to date", tuple(existing), detail="already in the wheelhouse (--force rebuilds)")
             continue
         started = time.monotonic()
         try:
-            wheel = _one_recipe(plan, step, layout, driver)
-            outcomes[step.name] = Outcome(step.name, "built", wheel, time.monotonic() - started)
+            wheels, note = _one_recipe(plan, step, layout, driver)
+            outcomes[step.name] = Outcome(step.name, "built", wheels, time.monotonic() - started, note)
         except RocwheelsError as exc:
             recipe_logger(step.name).error("failed: %s", exc)
-            outcomes[step.name] = Outcome(step.name, "failed", None, time.monotonic() - started, exc.message.splitlines()[0])
+            outcomes[step.name] = Outcome(step.name, "failed", (), time.monotonic() - started, exc.message.splitlines()[0])
     return list(outcomes.values())
 
 
-def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> Path:
+def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple[tuple[Path, ...], str]:
+    """Build, repair and verify every wheel of one recipe; accept them all or none."""
     logger = recipe_logger(step.name)
     log_file = layout.log_file(step.name)
     with long_step(f"{step.name}: build", logger) as on_output:
         built = driver(step, layout, on_output)
     recipe = step.recipe
-    if built.repaired:
-        repaired = built.path
-    else:
-        staging = layout.staging(step.name)
-        if staging.exists():
-            shutil.rmtree(staging)
-        logger.info("repairing %s", built.path.name)
-        repaired = repair_wheel(
-            built.path, staging, extra_excludes=recipe.repair.exclude, rocm_lib_dir=plan.line.lib_dir,
+    staging = layout.staging(step.name)
+    if staging.exists():
+        shutil.rmtree(staging)
+    repaired = []
+    for wheel in built.paths:
+        if built.repaired:
+            repaired.append(wheel)
+            continue
+        logger.info("repairing %s", wheel.name)
+        repaired.append(repair_wheel(
+            wheel, staging, extra_excludes=recipe.repair.exclude, rocm_lib_dir=plan.line.lib_dir,
             link_packages=recipe.repair.link_packages, extra_rpath=recipe.repair.rpath, plat=plan.line.platform,
             log_file=log_file, logger=logger,
-        )
-    logger.info("verifying %s", repaired.name)
-    deps = tuple(accepted_wheel(layout.wheelhouse, name, version) for name, version in step.dependencies)
-    expect = expectations_for(recipe, plan.line, tuple(t.processor for t in plan.targets), version=step.wheel_version, smoke_wheels=deps)
-    report = verify_wheel(repaired, expect, log_file=log_file, scratch=layout.work_dir)
-    for line in format_report(report).splitlines():
-        logger.info("%s", line)
-    if not report.ok:
-        raise RocwheelsError(f"{repaired.name} failed verification: " + "; ".join(f.message for f in report.errors()),
-                             fix=f"see {log_file}; the wheel was not put in the wheelhouse")
-    return _accept(repaired, layout.wheelhouse)
+        ))
+    pins = tuple(f"{name}=={version}" for name, version in step.dependencies)
+    expect = expectations_for(recipe, plan.line, tuple(t.processor for t in plan.targets), version=step.wheel_version,
+                              smoke_requirements=pins, find_links=layout.wheelhouse if pins else None)
+    for wheel in repaired:
+        logger.info("verifying %s", wheel.name)
+        report = verify_wheel(wheel, expect, log_file=log_file, scratch=layout.work_dir)
+        for line in format_report(report).splitlines():
+            logger.info("%s", line)
+        if not report.ok:
+            raise RocwheelsError(f"{wheel.name} failed verification: " + "; ".join(f.message for f in report.errors()),
+                                 fix=f"see {log_file}; no wheel of {step.name} was put in the wheelhouse")
+    return tuple(_accept(wheel, layout.wheelhouse) for wheel in repaired), built.note
 
 
 def _accept(wheel: Path, wheelhouse: Path) -> Path:
@@ -115,5 +120,5 @@ def summary_table(outcomes: list[Outcome], console: Console | None = None) -> No
     for column in ("recipe", "status", "wheel", "time", "detail"):
         table.add_column(column)
     for o in outcomes:
-        table.add_row(o.recipe, o.status, o.wheel.name if o.wheel else "-", f"{o.seconds:.0f} s" if o.seconds else "-", o.detail)
+        table.add_row(o.recipe, o.status, "\n".join(w.name for w in o.wheels) or "-", f"{o.seconds:.0f} s" if o.seconds else "-", o.detail)
     (console or Console(stderr=True)).print(table)

@@ -276,3 +276,29 @@ def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
     name, lock_line = line
     return make_plan(load_recipes(layout.recipes_dir), ["rocm-canary"], recipes_dir=layout.recipes_dir,
                      line_name=name, line=lock_line, targets=parse_targets(";".join(targets)))
+
+
+# --- real podman and the debootstrapped Debian 13 base (container tests) ---
+
+from pipeline.engine import Engine, detect_engine  # noqa: E402
+
+# Debian 13's HIP 5.7 (clang 17) compiles gfx942; its python3 is 3.13. Made once by
+# docker/test-base/make-base.sh (~90 s, needs root, debootstrap and the Debian mirror), then reused.
+TRIXIE_BASE = "localhost/rocwheels-test-base:trixie"
+
+
+@pytest.fixture(scope="session")
+def podman_engine() -> Engine:
+    """The project's podman; the container tests fail, never skip, without it."""
+    if shutil.which("podman") is None:
+        pytest.fail("podman is not installed: apt-get install -y podman runc debootstrap")
+    engine = detect_engine()
+    assert engine.name == "podman", f"expected podman, found {engine.name}"
+    return engine
+
+
+@pytest.fixture(scope="session")
+def trixie_base(podman_engine: Engine) -> str:
+    """The Debian 13 base image with Debian's HIP toolchain, made without a registry."""
+    run(["bash", REPO / "docker" / "test-base" / "make-base.sh", "trixie", TRIXIE_BASE], env=podman_engine.env)
+    return TRIXIE_BASE

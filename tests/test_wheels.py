@@ -31,14 +31,15 @@ def test_verified_canary_lands_in_the_wheelhouse(tmp_path, host_line, canary_tar
     plan = canary_plan(layout, host_line, canary_targets)
     (outcome,) = make_wheels(plan, layout)
     assert outcome.status == "built", outcome.detail
-    assert outcome.wheel.parent == layout.wheelhouse
-    assert "manylinux" in outcome.wheel.name and f"+{host_line[1].local_version}" in outcome.wheel.name
-    (extension,) = analyze_wheel(outcome.wheel).members
+    (wheel,) = outcome.wheels
+    assert wheel.parent == layout.wheelhouse
+    assert "manylinux" in wheel.name and f"+{host_line[1].local_version}" in wheel.name
+    (extension,) = analyze_wheel(wheel).members
     assert set(extension.gpu_targets) == set(canary_targets)
     log = layout.log_file("rocm-canary").read_text()
     assert "auditwheel repair" in log and "pip install" in log
     (again,) = make_wheels(plan, layout)
-    assert again.status == "up to date" and again.wheel == outcome.wheel
+    assert again.status == "up to date" and again.wheels == outcome.wheels
 
 
 def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, host_line, canary_targets):

@@ -23,14 +23,17 @@ class HipccBuildExt(build_ext):
         flags = shlex.split(os.environ.get("ROCM_CANARY_OFFLOAD_FLAGS", ""))
         if not flags:
             raise SystemExit("ROCM_CANARY_OFFLOAD_FLAGS is empty: pass --offload-arch=<gfx...> flags")
+        hipcc = os.environ.get("HIPCC", "hipcc")
         output = Path(self.get_ext_fullpath(ext.name))
         output.parent.mkdir(parents=True, exist_ok=True)
-        command = [
-            os.environ.get("HIPCC", "hipcc"), "-O2", "-fPIC", "-shared", *flags,
-            f"-I{sysconfig.get_paths()['include']}", *ext.sources, "-o", str(output),
-        ]
-        print("+", shlex.join(command), flush=True)
-        subprocess.run(command, check=True)
+        objects = Path(self.build_temp) / "_canary.o"
+        objects.parent.mkdir(parents=True, exist_ok=True)
+        # Compile and link apart: a compiler cache (ccache) only caches compile-only calls.
+        compile_command = [hipcc, "-O2", "-fPIC", "-c", *flags, f"-I{sysconfig.get_paths()['include']}", *ext.sources, "-o", str(objects)]
+        link_command = [hipcc, "-shared", *flags, str(objects), "-o", str(output)]
+        for command in (compile_command, link_command):
+            print("+", shlex.join(command), flush=True)
+            subprocess.run(command, check=True)
         targets = [f.split("=", 1)[1] for f in flags if f.startswith("--offload-arch=")]
         (output.parent / "_build_info.py").write_text(
             "# Written at build time by setup.py.\n"

@@ -1,0 +1,264 @@
+"""The container driver: its cibuildwheel configuration as cibuildwheel itself reads it (fast),
+then the real canary recipe built, repaired, smoke-tested, verified and accepted through the
+builder image on the debootstrapped Debian 13 base (podman; fails, never skips, without it).
+
+The container test costs ~30 s when the base and builder images exist (about 20 s of that is
+podman stopping cibuildwheel's container on this kind of host); the first run also makes the
+base (~90 s) and the builder (~20 s; again after any change under pipeline/ or docker/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from cibuildwheel.options import CommandLineArguments, compute_options
+from conftest import REPO, canary_plan
+from packaging.utils import parse_wheel_filename
+
+from pipeline.analyze import analyze_wheel
+from pipeline.build import BuiltWheel
+from pipeline.cmd import run
+from pipeline.container import (
+    CCACHE_HIPCC,
+    STATS_BEGIN,
+    STATS_END,
+    _one_per_python,
+    before_build_script,
+    builder_image,
+    ccache_note,
+    cibuildwheel_env,
+    container_driver,
+    smoke_script,
+)
+from pipeline.engine import Engine
+from pipeline.errors import RocwheelsError
+from pipeline.layout import Layout
+from pipeline.lock import load_lock
+from pipeline.plan import Plan, Step, make_plan
+from pipeline.recipes import load_recipes
+from pipeline.targets import parse_targets
+from pipeline.wheels import make_wheels
+
+RECIPES = REPO / "recipes"
+ARCH = ("gfx942", "gfx90a")
+# Where an engine must never be called: a test fails if one of these commands is run.
+NO_ENGINE = Engine("podman", ("/nonexistent/podman",))
+
+
+def debian13_plan(layout: Layout, **line_changes: str) -> Plan:
+    line = load_lock(RECIPES).line("debian13").model_copy(update=line_changes)
+    return canary_plan(layout, ("debian13", line), ARCH)
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    return Layout(RECIPES, tmp_path / "wheelhouse", tmp_path / "work")
+
+
+def cibuildwheel_reads(settings: dict[str, str], project: Path, identifier: str = "cp313-manylinux_x86_64"):
+    """The build options cibuildwheel derives from ``settings``, as its own option reader does."""
+    arguments = dataclasses.replace(CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=project)
+    options = compute_options("linux", arguments, settings)
+    return options, options.build_options(identifier)
+
+
+def test_an_unpinned_registry_image_is_refused_before_anything_runs(layout: Layout) -> None:
+    lock = load_lock(RECIPES)
+    line = lock.line("rocm6.2")
+    assert not line.pinned, "the rocm6.2 line was pinned: pick another unpinned example"
+    plan = make_plan(load_recipes(RECIPES), ["rocm-canary"], recipes_dir=RECIPES, line_name="rocm6.2", line=line, targets=parse_targets("gfx942"))
+    with pytest.raises(RocwheelsError) as error:
+        container_driver(plan, layout, engine=NO_ENGINE)
+    assert "not pinned by digest" in error.value.message and line.builder_image in error.value.message
+    assert "podman image inspect --format '{{.Digest}}'" in (error.value.fix or "")
+    assert "[lines.rocm6.2]" in (error.value.fix or "")
+
+
+def test_local_images_count_as_pinned_and_nothing_starts_before_a_build(layout: Layout) -> None:
+    driver = container_driver(debian13_plan(layout), layout, engine=NO_ENGINE)
+    assert callable(driver)
+    assert not layout.work_dir.exists() and not layout.wheelhouse.exists()
+
+
+def test_cibuildwheel_reads_the_settings_as_meant(layout: Layout, tmp_path: Path) -> None:
+    plan = debian13_plan(layout)
+    step = plan.steps[0]
+    # Text that cibuildwheel's bash-like CIBW_ENVIRONMENT parser rejects or mangles even in quotes.
+    tricky = "a 'b' \"c\" $HOME `date` <(x) ${(y"
+    step = dataclasses.replace(step, env={**step.env, "TRICKY": tricky, "HIPCC": "/opt/my/hipcc"})
+    settings = cibuildwheel_env(plan, step, engine=NO_ENGINE, image="localhost/rocwheels-builder:x", ccache=tmp_path / "cc dir", gpu=False)
+    options, build = cibuildwheel_reads(settings, tmp_path)
+
+    environment = build.environment.as_dictionary({"HOME": "/root", "PATH": "/usr/bin"})
+    for key, value in step.env.items():
+        assert environment[key] == value, key
+    assert environment["HIPCC"] == "/opt/my/hipcc", "a recipe's value wins over rocwheels' default"
+    assert environment["CCACHE_DIR"] == "/ccache" and environment["HIP_PLATFORM"] == "amd"
+    assert {environment[f"CMAKE_{lang}_COMPILER_LAUNCHER"] for lang in ("C", "CXX", "HIP")} == {"ccache"}
+    assert "PIP_FIND_LINKS" not in environment, "the canary has no dependencies"
+
+    assert options.globals.build_selector.build_config == "cp313-manylinux_x86_64"
+    assert build.manylinux_images["x86_64"] == "localhost/rocwheels-builder:x"
+    assert build.container_engine.name == "podman"
+    assert build.container_engine.create_args == (f"--volume={tmp_path / 'cc dir'}:/ccache",)
+    assert (build.build_frontend.name, list(build.build_frontend.args)) == ("build", [])
+    assert build.before_build == "bash {project}/.rocwheels/before-build.sh {package}"
+    assert build.test_command == "bash {project}/.rocwheels/smoke.sh"
+    assert build.repair_command.endswith(
+        "cd / && rocwheels repair {wheel} -w {dest_dir} --rocm-lib-dir /usr/lib/x86_64-linux-gnu"
+    )
+
+
+def test_torchvision_settings_pass_isolation_repair_policy_and_dependencies(layout: Layout, tmp_path: Path) -> None:
+    """A recipe with depends_on, --no-isolation, link_packages and a platform tag (ROCm 6.2 line)."""
+    line = load_lock(RECIPES).line("rocm6.2")
+    plan = make_plan(load_recipes(RECIPES), ["torchvision"], recipes_dir=RECIPES, line_name="rocm6.2", line=line, targets=parse_targets("gfx90a;gfx942"))
+    step = plan.steps[-1]
+    settings = cibuildwheel_env(plan, step, engine=Engine("docker", ("docker",)), image="img", ccache=tmp_path, gpu=True)
+    options, build = cibuildwheel_reads(settings, tmp_path, "cp311-manylinux_x86_64")
+
+    assert options.globals.build_selector.build_config == "cp310-manylinux_x86_64 cp311-manylinux_x86_64 cp312-manylinux_x86_64"
+    assert list(build.build_frontend.args) == ["--no-isolation"]
+    assert build.container_engine.name == "docker"
+    assert "--device=/dev/kfd" in build.container_engine.create_args and "--device=/dev/dri" in build.container_engine.create_args
+    environment = build.environment.as_dictionary({})
+    assert environment["PIP_FIND_LINKS"] == "/project/.rocwheels/deps"
+    assert environment["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942"
+    assert ("--plat manylinux_2_28_x86_64 --link-package 'torch/lib:libtorch*.so*,libc10*.so*,libshm.so*,libtorch_python.so*'"
+            in build.repair_command)
+    assert "--rocm-lib-dir /opt/rocm/lib" in build.repair_command
+
+    script = before_build_script(step)
+    installs = shlex.join([*step.recipe.build.requires, "torch==2.5.1+rocm6.2"])
+    assert f"python -m pip install --disable-pip-version-check {installs}" in script
+    assert script.index("ccache -z") < script.index("pip install") < script.index('cd "$1"')
+
+
+def test_scripts_are_valid_bash(layout: Layout, tmp_path: Path) -> None:
+    plan = debian13_plan(layout)
+    pre = ("echo \"it's $PWD\" > out", "test -f setup.py")
+    step = dataclasses.replace(plan.steps[0], pre=pre)
+    script = tmp_path / "before-build.sh"
+    script.write_text(before_build_script(step))
+    run(["bash", "-n", script])
+    lines = script.read_text().splitlines()
+    assert f'ln -sf "$ccache_bin" {CCACHE_HIPCC}' in lines
+    # Each pre-build command runs as written, in its own bash, after changing to the package folder.
+    commands = [shlex.split(line) for line in lines[lines.index('cd "$1"') + 1:]]
+    assert commands == [["bash", "-euo", "pipefail", "-c", command] for command in pre]
+
+    smoke = step.recipe.smoke
+    without_gpu, with_gpu = smoke_script(smoke, gpu=False), smoke_script(smoke, gpu=True)
+    assert "import rocm_canary" in without_gpu and "run_kernel" not in without_gpu
+    assert "run_kernel(256)" in with_gpu
+    (tmp_path / "smoke.sh").write_text(with_gpu)
+    run(["bash", "-n", tmp_path / "smoke.sh"])
+
+
+CCACHE4 = f"""noise
+{STATS_BEGIN}
+cache_miss\t1
+called_for_link\t2
+direct_cache_hit\t2
+preprocessed_cache_hit\t1
+{STATS_END}
+"""
+# ccache 3.7 (EPEL 8): no --print-stats, the `ccache -s` table instead.
+CCACHE3 = f"""{STATS_BEGIN}
+cache directory                     /ccache
+cache hit (direct)                     4
+cache hit (preprocessed)               0
+cache miss                             4
+cache hit rate                     50.00 %
+called for link                        1
+{STATS_END}
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "note"),
+    [
+        (CCACHE4, "ccache: 75% hits (3 of 4 compilations)"),
+        (CCACHE3, "ccache: 50% hits (4 of 8 compilations)"),
+        (CCACHE4 + CCACHE3, "ccache: 58% hits (7 of 12 compilations)"),  # one block per Python
+        (f"{STATS_BEGIN}\ncalled_for_link\t1\ncache_miss\t0\n{STATS_END}\n", "ccache: nothing cacheable (1 compile-and-link calls)"),
+        (f"{STATS_BEGIN}\ncache_miss\t0\n{STATS_END}\n", "ccache: no compiler call went through ccache"),
+        ("+ sh -c \"echo 'rocwheels: ccache statistics'; ...\"\n", "ccache: no statistics in the log"),
+    ],
+)
+def test_ccache_note(log: str, note: str) -> None:
+    assert ccache_note(log) == note
+
+
+def wheel_file(folder: Path, python: str) -> Path:
+    path = folder / f"rocm_canary-0.1.0+rocm6.2-{python}-{python}-manylinux_2_28_x86_64.whl"
+    path.write_bytes(b"")
+    return path
+
+
+def test_one_wheel_per_python_in_the_lines_order(layout: Layout, tmp_path: Path) -> None:
+    plan = debian13_plan(layout, python=("3.12", "3.13"))
+    cp313, cp312 = wheel_file(tmp_path, "cp313"), wheel_file(tmp_path, "cp312")
+    assert _one_per_python(plan.steps[0], plan, tmp_path, tmp_path / "log") == [cp312, cp313]
+    cp313.unlink()
+    with pytest.raises(RocwheelsError, match=r"expected one wheel for each of cp312, cp313 in .*found: rocm_canary-0\.1\.0\+rocm6\.2-cp312"):
+        _one_per_python(plan.steps[0], plan, tmp_path, tmp_path / "log")
+
+
+@pytest.mark.container
+def test_the_canary_builds_in_the_builder_image(
+    podman_engine: Engine, trixie_base: str, layout: Layout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "ccache"
+    monkeypatch.setenv("ROCWHEELS_CCACHE_DIR", str(cache))
+    # The lock's debian13 line with the test base under it (same debootstrap recipe, see
+    # recipes/lock.toml: `rocwheels image base --suite trixie` makes localhost/rocwheels-base:trixie).
+    plan = debian13_plan(layout, builder_image=trixie_base)
+    driver = container_driver(plan, layout, engine=podman_engine)
+    built: list[BuiltWheel] = []
+
+    def recording(step: Step, layout: Layout, on_output) -> BuiltWheel:
+        built.append(driver(step, layout, on_output))
+        return built[-1]
+
+    (outcome,) = make_wheels(plan, layout, recording)
+    log = layout.log_file("rocm-canary").read_text()
+    assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
+
+    (wheel,) = outcome.wheels
+    assert wheel is not None and wheel.parent == layout.wheelhouse
+    _, version, _, tags = parse_wheel_filename(wheel.name)
+    assert str(version) == "0.1.0+rocm5.7"
+    assert {tag.interpreter for tag in tags} == {"cp313"}
+    assert all(re.fullmatch(r"manylinux_\d+_\d+_x86_64", tag.platform) for tag in tags), wheel.name
+    (extension,) = [m for m in analyze_wheel(wheel).members if m.gpu_targets]
+    assert sorted(extension.gpu_targets) == sorted(ARCH)
+
+    # Repaired in the container (the host only verified), smoke-tested there in a fresh venv.
+    (result,) = built
+    assert result.repaired
+    assert "cd / && rocwheels repair /tmp/cibuildwheel/built_wheel/" in log
+    assert "targets ('gfx942', 'gfx90a') devices 0" in log
+
+    # hipcc ran through ccache into the host folder; a second build of the same source hits it.
+    assert STATS_BEGIN in log and STATS_END in log
+    assert result.note == "ccache: 0% hits (0 of 1 compilations)", result.note
+    (again,) = make_wheels(plan, layout, recording, force=True)
+    assert again.status == "built" and again.detail == "ccache: 100% hits (1 of 1 compilations)", again.detail
+
+
+def test_a_missing_local_base_image_is_explained_not_pulled(layout: Layout, tmp_path: Path) -> None:
+    engine_script = tmp_path / "podman"
+    engine_script.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\nexit 1\n")  # stores no image at all
+    engine_script.chmod(0o755)
+    line = load_lock(RECIPES).line("debian13").model_copy(update={"builder_image": "localhost/rocwheels-base:not-made"})
+    with pytest.raises(RocwheelsError) as error:
+        builder_image("debian13", line, Engine("podman", (str(engine_script),)), recipes_dir=RECIPES)
+    assert "localhost/rocwheels-base:not-made is not in podman's image storage" in error.value.message
+    assert "rocwheels image base --suite" in (error.value.fix or "")
+    assert " build " not in f" {(tmp_path / 'calls').read_text()} ", "no image build was started"
