@@ -13,7 +13,7 @@ import re
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cache
 from importlib import resources
@@ -90,16 +90,18 @@ def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalys
         raw = []
         for name in elf_names:
             extracted = extract(archive, [name], Path(scratch))[name]
-            raw.append((name, read_elf(extracted)))
+            elf = read_elf(extracted)
+            # Summarise the GPU code now and drop its bytes: a torch wheel holds gigabytes of it.
+            raw.append((name, replace(elf, hip_fatbin=None), _code_objects(elf.hip_fatbin)))
             extracted.unlink()  # one large library at a time on disk
-    installed = {_install_path(name): elf for name, elf in raw}
+    installed = {_install_path(name): elf for name, elf, _ in raw}
     by_folder: dict[str, dict[str, str]] = {}
     for path, elf in installed.items():
         names = by_folder.setdefault(posixpath.dirname(path), {})
         names.setdefault(posixpath.basename(path), path)
         if elf.soname:
             names.setdefault(elf.soname, path)
-    members = tuple(_member(name, _install_path(name), elf, installed, by_folder, layout) for name, elf in raw)
+    members = tuple(_member(name, _install_path(name), elf, code, installed, by_folder, layout) for name, elf, code in raw)
     return WheelAnalysis(info, members, layout)
 
 
@@ -112,21 +114,32 @@ def _install_path(member: str) -> str:
     return _DATA_DIR.sub("", member)
 
 
-def _member(name: str, install_path: str, elf: ElfInfo, installed: dict[str, ElfInfo], by_folder: dict[str, dict[str, str]], layout: TargetLayout) -> ElfMember:
+@dataclass(frozen=True)
+class _CodeObjects:
+    targets: tuple[str, ...] = ()
+    bundles: int = 0
+    compression: tuple[str, ...] = ()
+    error: str | None = None
+
+
+def _code_objects(fatbin: bytes | None) -> _CodeObjects:
+    if fatbin is None:
+        return _CodeObjects()
+    try:
+        parsed = parse_fatbin(fatbin)
+    except OffloadBundleError as exc:
+        return _CodeObjects(error=str(exc))
+    return _CodeObjects(gpu_targets(parsed), len(parsed), tuple(sorted({b.compression or "none" for b in parsed})))
+
+
+def _member(name: str, install_path: str, elf: ElfInfo, code: _CodeObjects, installed: dict[str, ElfInfo],
+            by_folder: dict[str, dict[str, str]], layout: TargetLayout) -> ElfMember:
     # The loader ignores RPATH when RUNPATH is present.
     search_path = elf.runpath or elf.rpath
     folders = [expand_origin(entry, posixpath.dirname(install_path)) for entry in search_path]
     dependencies = tuple(_resolve(soname, folders, by_folder, installed, layout) for soname in elf.needed)
-    targets: tuple[str, ...] = ()
-    bundles, compression, error = 0, (), None
-    if elf.hip_fatbin is not None:
-        try:
-            parsed = parse_fatbin(elf.hip_fatbin)
-            targets, bundles = gpu_targets(parsed), len(parsed)
-            compression = tuple(sorted({b.compression or "none" for b in parsed}))
-        except OffloadBundleError as exc:
-            error = str(exc)
-    return ElfMember(name, install_path, elf.soname, tuple(search_path), dependencies, targets, bundles, compression, error, elf.amdgpu_processor)
+    return ElfMember(name, install_path, elf.soname, tuple(search_path), dependencies, code.targets, code.bundles,
+                     code.compression, code.error, elf.amdgpu_processor)
 
 
 def expand_origin(entry: str, origin: str) -> str:

@@ -72,11 +72,14 @@ def is_elf(path: str | os.PathLike[str]) -> bool:
         return stream.read(len(ELF_MAGIC)) == ELF_MAGIC
 
 
-def read_elf(path: str | os.PathLike[str]) -> ElfInfo:
-    """The dynamic section entries, ``.hip_fatbin`` and GPU processor of the ELF file ``path``."""
+def read_elf(path: str | os.PathLike[str], *, with_fatbin: bool = True) -> ElfInfo:
+    """The dynamic section entries, ``.hip_fatbin`` and GPU processor of the ELF file ``path``.
+
+    ``with_fatbin=False`` skips reading ``.hip_fatbin`` (hundreds of MB in a ROCm library).
+    """
     try:
         with open(path, "rb") as stream:
-            return _read(ELFFile(stream), os.fstat(stream.fileno()).st_size)
+            return _read(ELFFile(stream), os.fstat(stream.fileno()).st_size, with_fatbin)
     except OSError as exc:
         raise ElfError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     # pyelftools checks some fields of damaged files with assert.
@@ -90,7 +93,7 @@ def amdgpu_processor(e_flags: int) -> str:
     return _AMDGPU_MACH.get(mach, f"unknown EF_AMDGPU_MACH 0x{mach:02x}")
 
 
-def _read(elf: ELFFile, file_size: int) -> ElfInfo:
+def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
     soname = None
     needed: list[str] = []
     rpath: list[str] = []
@@ -115,7 +118,7 @@ def _read(elf: ELFFile, file_size: int) -> ElfInfo:
         needed=tuple(needed),
         rpath=tuple(rpath),
         runpath=tuple(runpath),
-        hip_fatbin=_section_bytes(elf, ".hip_fatbin", file_size),
+        hip_fatbin=_section_bytes(elf, ".hip_fatbin", file_size) if with_fatbin else None,
         amdgpu_processor=amdgpu_processor(elf["e_flags"]) if machine == "EM_AMDGPU" else None,
     )
 

@@ -37,11 +37,13 @@ from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .wheelfile import check_wheel, extract, open_wheel, replace_platform_tag, rewrite_wheel
 
 # auditwheel's zip is only an intermediate here (RPATHs and tags are rewritten after it), so it
-# stores (-z 0) and the final write compresses once. Measured on torch 2.14.1 (555 MB wheel,
-# 1.14 GB unpacked, 13k members), this machine: auditwheel alone -z 6 52.3 s / 554.6 MB, -z 1
-# 39.7 s / 584.2 MB, -z 0 30.4 s. Whole repair_wheel: auditwheel -z 6 + final 6 79.9 s; -z 0 +
-# final 6 55.3 s / 554.6 MB; final 3 47.3 s / 572.2 MB (+3.2 %); final 1 44.9 s / 584.2 MB (+5.3 %).
-AUDITWHEEL_ZIP_LEVEL = 0
+# compresses fast (-z 1) and the final write compresses once at level 6. Not -z 0: auditwheel
+# holds each member and its "compressed" copy in memory, so storing doubles its peak for a large
+# library. Measured on torch 2.14.1 (555 MB wheel, 1.14 GB unpacked, 13k members), this machine:
+# auditwheel alone -z 6 52.3 s / 554.6 MB, -z 1 39.7 s / 584.2 MB, -z 0 30.4 s. On the
+# benchmark wheel (benchmarks/, 399 MB unpacked, largest member 148 MB): auditwheel alone -z 0
+# 10.9 s / 479 MB peak RSS, -z 1 14.9 s / 286 MB, -z 6 21.0 s / 276 MB.
+AUDITWHEEL_ZIP_LEVEL = 1
 # Level 6 (zlib's default) for the wheel that is published: level 1 would save ~10 s per GB,
 # noise next to the hours a torch build takes, and cost 5 % on every upload, download and copy.
 ZIP_LEVEL = 6
@@ -218,17 +220,13 @@ def _installed_folder(wheel: Path, name: str) -> PurePosixPath:
 
 
 def _elf_files(wheel: Path, work: Path) -> Iterator[tuple[str, Path, ElfInfo]]:
-    """Extract the ELF members of ``wheel`` under ``work``; read them one at a time.
-
-    One at a time because ElfInfo carries the ``.hip_fatbin`` bytes: hundreds of MB per ROCm
-    library, too much to hold for a whole torch wheel.
-    """
+    """Extract the ELF members of ``wheel`` under ``work`` and read their dynamic sections."""
     with open_wheel(wheel) as archive:
         names = [info.filename for info in archive.infolist() if not info.is_dir() and _starts_with_elf(archive, info)]
         files = extract(archive, names, work)
     for name, path in files.items():
         try:
-            info = read_elf(path)
+            info = read_elf(path, with_fatbin=False)  # repair never looks at GPU code
         except ElfError as exc:
             raise RocwheelsError(f"{wheel.name}: {name} is not a readable ELF file ({exc.message})", fix="rebuild the wheel") from None
         yield name, path, info

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
+import platform
 import shutil
+import sys
+import threading
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from pipeline.cmd import run
-
 # Session fixtures that build real HIP wheels live in their own module.
-from hip_wheels import built, hip_extensions, ld_library_path, repaired  # noqa: E402, F401
+from hip_wheels import built, hip_extensions, ld_library_path, repaired  # noqa: F401 (fixtures)
+
+from pipeline.cmd import run
+from pipeline.engine import Engine, detect_engine
+from pipeline.host import host_rocm_version
+from pipeline.layout import Layout
+from pipeline.lock import load_lock, select_line
+from pipeline.plan import Plan, make_plan
+from pipeline.recipes import load_recipes
+from pipeline.targets import parse_targets
 
 # Without HIP_PLATFORM=amd, hipcc picks the nvcc that is also installed.
 HIP_ENV = {"HIP_PLATFORM": "amd"}
@@ -68,46 +86,40 @@ def hip_library(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...]) -> P
     return library
 
 
-
 # --- wheels, fresh venvs and an isolated pip (publish and index tests) ---
 
-import base64  # noqa: E402  (this section is appended; the imports above belong to the HIP fixtures)
-import hashlib  # noqa: E402
-import os  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import zipfile  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from contextlib import AbstractContextManager, contextmanager  # noqa: E402
-from functools import partial  # noqa: E402
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
 
 # One fixed timestamp for every archive member: the same content always gives the same sha256.
 _ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 
 
+def _wheel_archive(path: Path, name: str, version: str, tag: str, purelib: bool, contents: dict[str, bytes],
+                   requires: tuple[str, ...] = ()) -> Path:
+    """Write ``contents`` plus METADATA, WHEEL and a correct RECORD as the wheel ``path``."""
+    dist_info = f"{name.replace('-', '_')}-{version}.dist-info"
+    contents = dict(contents)
+    contents[f"{dist_info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                         + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
+    contents[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: rocwheels-tests\n"
+                                      f"Root-Is-Purelib: {str(purelib).lower()}\nTag: {tag}\n").encode()
+    record = [
+        f"{member},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for member, data in contents.items()
+    ]
+    contents[f"{dist_info}/RECORD"] = ("\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n").encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member, data in contents.items():
+            info = zipfile.ZipInfo(member, _ZIP_DATE)
+            info.external_attr = (0o755 if data.startswith(b"\x7fELF") else 0o644) << 16
+            archive.writestr(info, data)
+    return path
+
+
 def _write_wheel(directory: Path, name: str, version: str, build: str = "ours", requires: tuple[str, ...] = ()) -> Path:
     module = name.replace("-", "_")
-    dist_info = f"{module}-{version}.dist-info"
-    members = {
-        f"{module}/__init__.py": f"BUILD = {build!r}\n",
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        + "".join(f"Requires-Dist: {requirement}\n" for requirement in requires),
-        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: rocwheels-tests\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
-    }
-    record = []
-    for member, text in members.items():
-        data = text.encode()
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{member},sha256={digest},{len(data)}")
-    members[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{module}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for member, text in members.items():
-            archive.writestr(zipfile.ZipInfo(member, _ZIP_DATE), text)
-    return path
+    return _wheel_archive(directory / f"{module}-{version}-py3-none-any.whl", name, version, "py3-none-any", True,
+                          {f"{module}/__init__.py": f"BUILD = {build!r}\n".encode()}, requires)
 
 
 @pytest.fixture
@@ -159,9 +171,6 @@ def installed_build() -> Callable[[Path, str], str]:
 
 # --- platform wheels holding real ELF files (repair and wheelfile tests) ---
 
-import platform  # noqa: E402
-from collections.abc import Mapping  # noqa: E402
-
 
 def _platform_wheel(
     directory: Path,
@@ -174,25 +183,9 @@ def _platform_wheel(
     """A wheel of ``files`` (member -> content or file to copy) with WHEEL, METADATA and a correct RECORD."""
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     plat = platform_tag or f"linux_{platform.machine()}"
-    dist_info = f"{name}-{version}.dist-info"
     contents = {member: data if isinstance(data, bytes) else data.read_bytes() for member, data in files.items()}
-    contents[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    contents[f"{dist_info}/WHEEL"] = (
-        f"Wheel-Version: 1.0\nGenerator: rocwheels-tests\nRoot-Is-Purelib: false\nTag: {python}-{python}-{plat}\n"
-    ).encode()
-    record = [
-        f"{member},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
-        for member, data in contents.items()
-    ]
-    contents[f"{dist_info}/RECORD"] = ("\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n").encode()
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}-{version}-{python}-{python}-{plat}.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for member, data in contents.items():
-            info = zipfile.ZipInfo(member, _ZIP_DATE)
-            info.external_attr = (0o755 if data.startswith(b"\x7fELF") else 0o644) << 16
-            archive.writestr(info, data)
-    return path
+    return _wheel_archive(directory / f"{name}-{version}-{python}-{python}-{plat}.whl", name, version,
+                          f"{python}-{python}-{plat}", False, contents)
 
 
 @pytest.fixture(scope="session")
@@ -248,12 +241,6 @@ def raw_zip() -> Callable[[Path, Mapping[str, bytes]], Path]:
 
 # --- the canary recipe on this host's lock line (build and wheels tests) ---
 
-from pipeline.host import host_rocm_version  # noqa: E402
-from pipeline.layout import Layout  # noqa: E402
-from pipeline.lock import load_lock, select_line  # noqa: E402
-from pipeline.plan import Plan, make_plan  # noqa: E402
-from pipeline.recipes import load_recipes  # noqa: E402
-from pipeline.targets import parse_targets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -280,7 +267,6 @@ def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
 
 # --- real podman and the debootstrapped Debian 13 base (container tests) ---
 
-from pipeline.engine import Engine, detect_engine  # noqa: E402
 
 # Debian 13's HIP 5.7 (clang 17) compiles gfx942; its python3 is 3.13. Made once by
 # docker/test-base/make-base.sh (~90 s, needs root, debootstrap and the Debian mirror), then reused.
