@@ -19,7 +19,7 @@ from packaging.utils import parse_wheel_filename
 
 from .cmd import run
 from .errors import RocwheelsError
-from .layout import Layout
+from .layout import Layout, fresh_dir
 from .log import recipe_logger
 from .plan import Step
 from .sources import prepare_source
@@ -44,15 +44,8 @@ def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] 
     """Build one recipe on this host: clean work folder, build venv, pre-build steps, pypa/build."""
     logger = recipe_logger(step.name)
     started = time.monotonic()
-    log_file = layout.log_file(step.name)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version}\n")
-    logger.info("building %s (log: %s)", step.wheel_version, log_file)
-
-    work = layout.recipe_work(step.name)
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
+    log_file = start_log(step, layout, "on this host")
+    work = fresh_dir(layout.recipe_work(step.name))
     source = prepare_source(step.recipe, layout.recipes_dir, work / "src", log_file=log_file, logger=logger)
     venv = _build_venv(step, layout, work / "venv", log_file, logger)
     env = {**step.env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -64,15 +57,20 @@ def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] 
         env=env, log_file=log_file, logger=logger, on_output=on_output)
 
     wheel = _the_wheel(step, dist, log_file)
-    raw = layout.raw(step.name)
-    if raw.exists():
-        shutil.rmtree(raw)
-    raw.mkdir(parents=True)
-    final = raw / wheel.name
+    final = fresh_dir(layout.raw(step.name)) / wheel.name
     shutil.move(wheel, final)
     seconds = time.monotonic() - started
     logger.info("built %s in %.0f s", final.name, seconds)
     return BuiltWheel(step.name, final, log_file, seconds)
+
+
+def start_log(step: Step, layout: Layout, where: str) -> Path:
+    """Begin the recipe's log file afresh for this build, and say where it is."""
+    log_file = layout.log_file(step.name)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version} {where}\n")
+    recipe_logger(step.name).info("building %s %s (log: %s)", step.wheel_version, where, log_file)
+    return log_file
 
 
 def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: logging.LoggerAdapter) -> Path:

@@ -33,12 +33,12 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from .build import BuiltWheel, accepted_wheels
+from .build import BuiltWheel, accepted_wheels, start_log
 from .cmd import run
 from .engine import Engine, detect_engine
 from .errors import RocwheelsError
 from .image import build_image
-from .layout import Layout
+from .layout import Layout, fresh_dir
 from .lock import Line
 from .log import recipe_logger
 from .plan import Plan, Step
@@ -120,24 +120,14 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
         nonlocal image
         logger = recipe_logger(step.name)
         started = time.monotonic()
-        log_file = layout.log_file(step.name)
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version} in the builder container ({engine.name})\n")
-        logger.info("building %s in the builder container (log: %s)", step.wheel_version, log_file)
+        log_file = start_log(step, layout, f"in the builder container ({engine.name})")
         if image is None:
             image = builder_image(plan.line_name, plan.line, engine, recipes_dir=layout.recipes_dir, log_file=log_file)
 
-        work = layout.recipe_work(step.name)
-        if work.exists():
-            shutil.rmtree(work)
-        work.mkdir(parents=True)
-        project = work / "src"
+        project = fresh_dir(layout.recipe_work(step.name)) / "src"
         package = prepare_source(step.recipe, layout.recipes_dir, project, log_file=log_file, logger=logger)
         _stage_helpers(project / HELPERS, step, layout, gpu)
-        raw = layout.raw(step.name)
-        if raw.exists():
-            shutil.rmtree(raw)
-        raw.mkdir(parents=True)
+        raw = fresh_dir(layout.raw(step.name))
         cache = ccache_dir()
         cache.mkdir(parents=True, exist_ok=True)
 

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def fresh_dir(path: Path) -> Path:
+    """``path`` as an empty folder: what an earlier run left there is removed."""
+    if path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ one rename. A failed recipe leaves nothing there, and the recipes that depend on
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
@@ -19,14 +18,12 @@ from rich.table import Table
 
 from .build import BuiltWheel, build_local, find_wheels
 from .errors import RocwheelsError
-from .layout import Layout
+from .layout import Layout, fresh_dir
 from .log import recipe_logger
 from .plan import Plan, Step
 from .progress import long_step
 from .repair import repair_wheel
-from .verify import format_report, verify_wheel, expectations_for
-
-log = logging.getLogger("rocwheels")
+from .verify import expectations_for, format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
 Driver = Callable[[Step, Layout, Callable[[str], None]], BuiltWheel]
@@ -73,9 +70,7 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
     with long_step(f"{step.name}: build", logger) as on_output:
         built = driver(step, layout, on_output)
     recipe = step.recipe
-    staging = layout.staging(step.name)
-    if staging.exists():
-        shutil.rmtree(staging)
+    staging = fresh_dir(layout.staging(step.name))
     repaired = []
     for wheel in built.paths:
         if built.repaired:
@@ -98,7 +93,12 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
         if not report.ok:
             raise RocwheelsError(f"{wheel.name} failed verification: " + "; ".join(f.message for f in report.errors()),
                                  fix=f"see {log_file}; no wheel of {step.name} was put in the wheelhouse")
-    return tuple(_accept(wheel, layout.wheelhouse) for wheel in repaired), built.note
+    accepted = tuple(_accept(wheel, layout.wheelhouse) for wheel in repaired)
+    # A rebuild may carry another platform tag: older files of this version would shadow it.
+    for stale in set(find_wheels(layout.wheelhouse, recipe.dist_name, step.wheel_version)) - set(accepted):
+        logger.info("removing %s, replaced by this build", stale.name)
+        stale.unlink()
+    return accepted, built.note
 
 
 def _accept(wheel: Path, wheelhouse: Path) -> Path:
