@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import click
-from packaging.utils import parse_wheel_filename
 
 from . import lock as lockmod
 from .errors import RocwheelsError
-from .host import host_rocm_version
 from .layout import Layout
 from .log import setup_logging
-from .lock import Line
-from .plan import Plan, describe, make_plan, wheel_version
-from .recipes import LOCK_FILE, Recipe, Repair, load_recipes
+from .plan import Plan, describe, select_plan, wheel_origin, wheel_version
+from .recipes import Repair, load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -28,30 +24,6 @@ DRIVERS = ("local", "container")
 @dataclass(frozen=True)
 class Context:
     layout: Layout
-
-
-def _split(value: str | None) -> list[str]:
-    return [part for part in re.split(r"[;,\s]+", value or "") if part]
-
-
-def load_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str) -> Plan:
-    """Everything checked before anything runs: recipes, lock, line, targets, order.
-
-    ``arch`` None means every target the line's compiler takes (the demo).
-    """
-    targets = parse_targets(arch) if arch is not None else None
-    all_recipes = load_recipes(layout.recipes_dir)
-    lock_file = lockmod.load_lock(layout.recipes_dir)
-    host = host_rocm_version() if driver == "local" and not rocm else None
-    if driver == "local" and not rocm and host is None:
-        raise RocwheelsError("no ROCm toolchain found on this host (no /opt/rocm/.info/version, no hipcc)",
-                             fix="install ROCm (on Debian: apt-get install hipcc), or build in the container with DRIVER=container")
-    line_name, line = lockmod.select_line(lock_file, rocm, host)
-    for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
-        log.warning("warning: %s", warning)
-    wanted = _split(recipes) or list(line.versions)
-    targets = targets or parse_targets(";".join(line.targets))
-    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets)
 
 
 def target_options(command):
@@ -103,7 +75,7 @@ def lock_check(obj: Context) -> None:
 @click.pass_obj
 def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str) -> None:
     """Print the ordered build steps with their environment and commands; runs nothing."""
-    click.echo(describe(load_plan(obj.layout, recipes, arch, rocm, driver)))
+    click.echo(describe(select_plan(obj.layout, recipes, arch, rocm, driver)))
 
 
 @cli.command("build")
@@ -111,28 +83,11 @@ def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None,
 @click.pass_obj
 def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
-    plan = load_plan(obj.layout, recipes, arch, rocm, driver)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
     build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
         built = build(step, obj.layout, lambda line: None)
         click.echo(f"{built.recipe}: {'repaired' if built.repaired else 'raw'} wheel {built.path}")
-
-
-def _wheel_context(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:
-    """The recipe that makes this wheel and the lock line it was built for, where they can be told."""
-    if not (layout.recipes_dir / LOCK_FILE).is_file():
-        return None, None  # outside a rocwheels project (inside the builder image, say)
-    name, version = parse_wheel_filename(wheel.name)[:2]
-    recipes = load_recipes(layout.recipes_dir)
-    recipe = next((r for r in recipes.values() if r.dist_name == name.replace("-", "_")), None)
-    lock_file = lockmod.load_lock(layout.recipes_dir)
-    if rocm:
-        return recipe, lock_file.line(rocm)
-    for line in lock_file.lock.lines.values():
-        label = wheel_version(recipe, line) if recipe else f"{version.public}+{line.local_version}"
-        if label == str(version):
-            return recipe, line
-    return recipe, None
 
 
 def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
@@ -149,7 +104,7 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from .wheels import make_wheels, summary_table
 
-    plan = load_plan(obj.layout, recipes, arch, rocm, driver)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
     outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
@@ -176,7 +131,7 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
     from .repair import repair_wheel
 
     for wheel in _wheel_paths(wheels):
-        recipe, line = _wheel_context(obj.layout, wheel, rocm)
+        recipe, line = wheel_origin(obj.layout, wheel, rocm)
         repair = recipe.repair if recipe else Repair()
         repaired = repair_wheel(
             wheel, (wheel_dir or obj.layout.wheelhouse).resolve(),
@@ -200,12 +155,18 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
     """Prove what is inside each wheel; exit status 1 on any error."""
     from dataclasses import replace
 
-    from .verify import Expectations, expectations_for, format_report, reports_json, verify_wheel
+    from .verify import (
+        Expectations,
+        expectations_for,
+        format_report,
+        reports_json,
+        verify_wheel,
+    )
 
     targets = tuple(t.processor for t in parse_targets(arch)) if arch else None
     reports = []
     for wheel in _wheel_paths(wheels):
-        recipe, line = _wheel_context(obj.layout, wheel, rocm)
+        recipe, line = wheel_origin(obj.layout, wheel, rocm)
         if recipe and line:
             expect = expectations_for(recipe, line, targets, version=wheel_version(recipe, line))
         else:
@@ -302,7 +263,7 @@ def demo_command(obj: Context, arch: str | None) -> None:
 
     from .demo import CANARY, run_demo
 
-    steps = run_demo(load_plan(obj.layout, CANARY, arch, None, "local"), obj.layout)
+    steps = run_demo(select_plan(obj.layout, CANARY, arch, None, "local"), obj.layout)
     table = Table(title="rocwheels demo")
     for column in ("step", "result", "time"):
         table.add_column(column)

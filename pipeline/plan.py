@@ -1,20 +1,30 @@
 """The plan: which recipes build in which order, with what environment and commands.
 
-Nothing here runs anything; ``rocwheels plan`` prints a plan and the build stage executes one.
+Nothing here runs anything but a probe of the host's hipcc; ``rocwheels plan`` prints a plan
+and the build stage executes one.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from . import lock as lockmod
 from .errors import ConfigError, RocwheelsError
+from .host import host_rocm_version
+from .layout import Layout
 from .lock import Line
-from .recipes import Recipe, recipe_path
-from .targets import GpuTarget, check_supported, format_targets
+from .recipes import LOCK_FILE, Recipe, load_recipes, recipe_path
+from .targets import GpuTarget, check_supported, format_targets, parse_targets
+
+log = logging.getLogger("rocwheels")
 
 
 @dataclass(frozen=True)
@@ -151,3 +161,47 @@ def describe(plan: Plan) -> str:
         lines.append(f"   build: python -m build {' '.join(step.build_args)} <source>")
         lines.append("   then: repair -> verify -> wheelhouse/")
     return "\n".join(lines)
+
+
+def _split(value: str | None) -> list[str]:
+    return [part for part in re.split(r"[;,\s]+", value or "") if part]
+
+
+def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str) -> Plan:
+    """Everything checked before anything runs: recipes, lock, line, targets, order.
+
+    ``arch`` None means every target the line's compiler takes (the demo).
+    """
+    targets = parse_targets(arch) if arch is not None else None
+    all_recipes = load_recipes(layout.recipes_dir)
+    lock_file = lockmod.load_lock(layout.recipes_dir)
+    host = host_rocm_version() if driver == "local" and not rocm else None
+    if driver == "local" and not rocm and host is None:
+        raise RocwheelsError("no ROCm toolchain found on this host (no /opt/rocm/.info/version, no hipcc)",
+                             fix="install ROCm (on Debian: apt-get install hipcc), or build in the container with DRIVER=container")
+    line_name, line = lockmod.select_line(lock_file, rocm, host)
+    for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
+        log.warning("warning: %s", warning)
+    wanted = _split(recipes) or list(line.versions)
+    targets = targets or parse_targets(";".join(line.targets))
+    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets)
+
+
+def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:
+    """The recipe that makes this wheel and the lock line it was built for, where they can be told."""
+    if not (layout.recipes_dir / LOCK_FILE).is_file():
+        return None, None  # outside a rocwheels project (inside the builder image, say)
+    try:
+        name, version = parse_wheel_filename(wheel.name)[:2]
+    except InvalidWheelFilename:
+        return None, None  # the stage's own wheel check explains what is wrong with it
+    recipes = load_recipes(layout.recipes_dir)
+    recipe = next((r for r in recipes.values() if r.dist_name == name.replace("-", "_")), None)
+    lock_file = lockmod.load_lock(layout.recipes_dir)
+    if rocm:
+        return recipe, lock_file.line(rocm)
+    for line in lock_file.lock.lines.values():
+        label = wheel_version(recipe, line) if recipe else f"{version.public}+{line.local_version}"
+        if label == str(version):
+            return recipe, line
+    return recipe, None

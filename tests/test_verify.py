@@ -144,3 +144,11 @@ def test_inspect_table(repaired: Repaired):
     assert result.returncode == 0, result.stderr
     for text in ("libtestdep", "libamdhip64", "ROCm (excluded)", "$ORIGIN/../hipext.libs", ROCM_LIB_DIR, "libfakelink"):
         assert text in result.stdout
+
+
+def test_not_a_wheel_name(tmp_path):
+    odd = tmp_path / "notawheel.zip"
+    odd.write_bytes(b"PK")
+    result = rocwheels("verify", odd)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "not a wheel file name" in result.stderr
