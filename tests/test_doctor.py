@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from pipeline.doctor import Check, device_check, format_check, gpu_targets_check, image_test, render_nodes_check, run_doctor
+from pipeline.doctor import (
+    Check,
+    device_check,
+    format_check,
+    gpu_targets_check,
+    image_test,
+    render_nodes_check,
+    run_doctor,
+)
 from pipeline.engine import Engine
 from pipeline.lock import load_lock
 

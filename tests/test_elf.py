@@ -10,9 +10,9 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from conftest import HIP_ENV, offload_args
 from elftools.elf.elffile import ELFFile
 
-from conftest import HIP_ENV, offload_args
 from pipeline.cmd import run
 from pipeline.elf import ElfError, amdgpu_processor, is_elf, read_elf
 from pipeline.errors import RocwheelsError

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import recipe_toml
 
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.lock import check_lock, load_lock, select_line
@@ -12,20 +13,6 @@ from pipeline.recipes import load_recipes
 
 REPO = Path(__file__).resolve().parents[1]
 DIGEST = "@sha256:" + "0" * 64
-
-
-def recipe(name: str, version: str, depends_on: str = "") -> str:
-    return f"""name = "{name}"
-version = "{version}"
-depends_on = [{depends_on}]
-[source]
-path = "."
-[targets]
-env = "PYTORCH_ROCM_ARCH"
-supported = ["gfx90a", "gfx942"]
-[smoke]
-imports = ["{name}"]
-"""
 
 
 LOCK = f"""default_line = "rocm6.2"
@@ -55,8 +42,8 @@ source = "https://example.org/vision-matrix"
 
 @pytest.fixture
 def recipes_dir(tmp_path):
-    (tmp_path / "torch.toml").write_text(recipe("torch", "2.5.1"))
-    (tmp_path / "torchvision.toml").write_text(recipe("torchvision", "0.20.1", '"torch"'))
+    (tmp_path / "torch.toml").write_text(recipe_toml("torch", "2.5.1"))
+    (tmp_path / "torchvision.toml").write_text(recipe_toml("torchvision", "0.20.1", depends_on=("torch",)))
     return tmp_path
 
 
@@ -97,7 +84,7 @@ def test_inconsistent_lock_names_both_sides(recipes_dir, old, new, field, words)
 
 
 def test_rule_mismatch_between_packages(recipes_dir):
-    (recipes_dir / "torch.toml").write_text(recipe("torch", "2.6.0"))
+    (recipes_dir / "torch.toml").write_text(recipe_toml("torch", "2.6.0"))
     lock = LOCK.replace("SOURCE", "x").replace('torch = "2.5.1"', 'torch = "2.6.0"')
     lock += '\n[[rules]]\npackage = "torch"\nversions = "==2.6.*"\nrequires = { rocm = ">=6.2" }\nsource = "s"\n'
     with pytest.raises(ConfigError) as caught:
@@ -108,7 +95,7 @@ def test_rule_mismatch_between_packages(recipes_dir):
 
 
 def test_version_no_rule_covers(recipes_dir):
-    (recipes_dir / "torch.toml").write_text(recipe("torch", "2.7.0"))
+    (recipes_dir / "torch.toml").write_text(recipe_toml("torch", "2.7.0"))
     with pytest.raises(ConfigError, match="no compatibility rule covers torch 2.7.0"):
         check(recipes_dir, LOCK.replace("SOURCE", "x").replace('torch = "2.5.1"', 'torch = "2.7.0"'))
 

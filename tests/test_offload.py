@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 import zstandard
-
 from conftest import HIP_ENV, offload_args
+
 from pipeline.cmd import run
 from pipeline.elf import read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.offload import Bundle, BundleEntry, OffloadBundleError, gpu_targets, parse_fatbin
+from pipeline.offload import (
+    Bundle,
+    BundleEntry,
+    OffloadBundleError,
+    gpu_targets,
+    parse_fatbin,
+)
 
 SECOND_KERNEL = """#include <hip/hip_runtime.h>
 __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import recipe_toml
 
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.lock import load_lock
@@ -15,21 +16,11 @@ from pipeline.targets import parse_targets
 REPO = Path(__file__).resolve().parents[1]
 
 
-def recipe(name: str, depends_on: str = "", supported: str = '"gfx90a", "gfx942"') -> str:
-    return f"""name = "{name}"
-version = "1.0"
-depends_on = [{depends_on}]
-[source]
-path = "."
-[env]
-USE_ROCM = "1"
-BUILD_VERSION = "{{version}}+{{local_version}}"
-[targets]
-env = "PYTORCH_ROCM_ARCH"
-supported = [{supported}]
-[smoke]
-imports = ["{name.replace('-', '_')}"]
-"""
+ENV = {"USE_ROCM": "1", "BUILD_VERSION": "{version}+{local_version}"}
+
+
+def recipe(name: str, depends_on: tuple[str, ...] = (), supported: tuple[str, ...] = ("gfx90a", "gfx942")) -> str:
+    return recipe_toml(name, depends_on=depends_on, supported=supported, env=ENV)
 
 
 LOCK = """default_line = "l"
@@ -57,20 +48,20 @@ def plan_for(folder: Path, wanted, arch="gfx90a;gfx942"):
 
 
 def test_dependencies_come_first(tmp_path):
-    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", '"torch"'), "vllm": recipe("vllm", '"torch", "vision"')})
+    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", ("torch",)), "vllm": recipe("vllm", ("torch", "vision"))})
     order = [r.name for r in build_order(load_recipes(folder), ["vllm"], folder)]
     assert order == ["torch", "vision", "vllm"]
 
 
 def test_cycle_is_named(tmp_path):
-    folder = make_dir(tmp_path, {"a": recipe("a", '"b"'), "b": recipe("b", '"a"')})
+    folder = make_dir(tmp_path, {"a": recipe("a", ("b",)), "b": recipe("b", ("a",))})
     with pytest.raises(ConfigError) as caught:
         build_order(load_recipes(folder), ["a"], folder)
     assert "a.toml: depends_on: dependency cycle: a -> b -> a" in str(caught.value)
 
 
 def test_environment_is_resolved(tmp_path):
-    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", '"torch"')})
+    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", ("torch",))})
     plan = plan_for(folder, ["vision"])
     torch, vision = plan.steps
     assert torch.env["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942"
@@ -82,7 +73,7 @@ def test_environment_is_resolved(tmp_path):
 
 
 def test_target_unsupported_by_recipe(tmp_path):
-    folder = make_dir(tmp_path, {"fa": recipe("fa", supported='"gfx942"')})
+    folder = make_dir(tmp_path, {"fa": recipe("fa", supported=("gfx942",))})
     with pytest.raises(RocwheelsError) as caught:
         plan_for(folder, ["fa"], arch="gfx90a")
     assert "gfx90a not supported by recipe fa" in str(caught.value)

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RocwheelsError
-from pipeline.wheelfile import check_wheel, extract, open_wheel, replace_platform_tag, rewrite_wheel
+from pipeline.wheelfile import (
+    check_wheel,
+    extract,
+    open_wheel,
+    replace_platform_tag,
+    rewrite_wheel,
+)
 
 PLAT = f"linux_{os.uname().machine}"
 DIST_INFO = "demo-1.0.dist-info"
