@@ -11,15 +11,16 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from pydantic import field_validator, model_validator
+from pydantic import AfterValidator, field_validator, model_validator
 
 from .errors import ConfigError, RocwheelsError
 from .models import Model, read_toml, validate
 from .recipes import LOCK_FILE, Recipe
-from .targets import known_processors
+from .targets import known_processor_list
 
 log = logging.getLogger("rocwheels")
 
@@ -35,7 +36,7 @@ class Line(Model):
     builder_image: str
     image_source: str
     python: tuple[str, ...]
-    targets: tuple[str, ...]
+    targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)]
     targets_source: str = ""
     rocm_path: str = "/opt/rocm"  # "" for a distribution's ROCm in the system folders
     rocm_lib_dir: str | None = None
@@ -68,14 +69,6 @@ class Line(Model):
         if bad or not pythons:
             raise ValueError(f"Python versions are written like \"3.11\" (got {list(pythons)})")
         return pythons
-
-    @field_validator("targets")
-    @classmethod
-    def _known(cls, targets: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [t for t in targets if t not in known_processors()]
-        if unknown:
-            raise ValueError(f"unknown GPU processor(s) {', '.join(unknown)}")
-        return targets
 
     @property
     def local_version(self) -> str:

@@ -7,10 +7,10 @@ Models are frozen pydantic models that reject unknown keys; a validation failure
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import ConfigError

@@ -19,7 +19,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.error import HTTPError, URLError
 from urllib.parse import unquote, urlsplit
-from urllib.request import HTTPBasicAuthHandler, HTTPPasswordMgrWithDefaultRealm, OpenerDirector, build_opener
+from urllib.request import (
+    HTTPBasicAuthHandler,
+    HTTPPasswordMgrWithDefaultRealm,
+    OpenerDirector,
+    build_opener,
+)
 
 from twine.exceptions import InvalidConfiguration, UnreachableRepositoryURLDetected
 from twine.utils import DEFAULT_CONFIG_FILE, get_repository_from_config

@@ -5,15 +5,16 @@ from __future__ import annotations
 import re
 import string
 from pathlib import Path
+from typing import Annotated
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
-from pydantic import StrictBool, field_validator, model_validator
+from pydantic import AfterValidator, StrictBool, field_validator, model_validator
 
 from .errors import ConfigError, RocwheelsError
 from .models import Model, read_toml, validate
 from .rocm_policy import LinkPackage
-from .targets import known_processors
+from .targets import known_processor_list
 
 # What ``{...}`` in a recipe's env and pre-build commands may refer to; filled in by the plan.
 PLACEHOLDERS = {
@@ -75,15 +76,7 @@ class Targets(Model):
     env: str
     separator: str = ";"
     prefix: str = ""
-    supported: tuple[str, ...]
-
-    @field_validator("supported")
-    @classmethod
-    def _known(cls, supported: tuple[str, ...]) -> tuple[str, ...]:
-        unknown = [t for t in supported if t not in known_processors()]
-        if unknown:
-            raise ValueError(f"unknown GPU processor(s) {', '.join(unknown)}; known: {', '.join(known_processors())}")
-        return supported
+    supported: Annotated[tuple[str, ...], AfterValidator(known_processor_list)]
 
 
 class Repair(Model):

@@ -34,7 +34,13 @@ from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
-from .wheelfile import check_wheel, extract, open_wheel, replace_platform_tag, rewrite_wheel
+from .wheelfile import (
+    check_wheel,
+    extract,
+    open_wheel,
+    replace_platform_tag,
+    rewrite_wheel,
+)
 
 # auditwheel's zip is only an intermediate here (RPATHs and tags are rewritten after it), so it
 # compresses fast (-z 1) and the final write compresses once at level 6. Not -z 0: auditwheel

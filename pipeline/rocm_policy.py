@@ -9,13 +9,14 @@ inside a wheel.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache
 from importlib import resources
 from pathlib import PurePosixPath
+
+import tomllib
 
 from .errors import RocwheelsError
 

@@ -8,11 +8,12 @@ define, the ones the lock line's ROCm toolchain compiles, and the ones the recip
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+
+import tomllib
 
 from .errors import RocwheelsError
 
@@ -33,6 +34,14 @@ def known_processors() -> dict[str, str]:
     """Processor name -> what hardware it is, from ``data/gfx-targets.toml``."""
     text = resources.files("pipeline").joinpath("data/gfx-targets.toml").read_text()
     return dict(tomllib.loads(text)["targets"])
+
+
+def known_processor_list(processors: tuple[str, ...]) -> tuple[str, ...]:
+    """``processors`` unchanged if AMD/LLVM defines each of them; a ValueError (for the models' validators) otherwise."""
+    unknown = [p for p in processors if p not in known_processors()]
+    if unknown:
+        raise ValueError(f"unknown GPU processor(s) {', '.join(unknown)}; known: {', '.join(known_processors())}")
+    return processors
 
 
 def parse_targets(arch: str) -> tuple[GpuTarget, ...]:

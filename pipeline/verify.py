@@ -19,7 +19,14 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from .analyze import DEFAULT_LIBRARY_DIRS, Kind, TargetLayout, WheelAnalysis, analyze_wheel, expand_origin
+from .analyze import (
+    DEFAULT_LIBRARY_DIRS,
+    Kind,
+    TargetLayout,
+    WheelAnalysis,
+    analyze_wheel,
+    expand_origin,
+)
 from .lock import Line
 from .recipes import Recipe, Smoke
 from .rocm_policy import LinkPackage, load_policy

@@ -26,7 +26,11 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
 from packaging.version import InvalidVersion, Version
 
 from .errors import RocwheelsError
