@@ -44,6 +44,7 @@ class Expectations:
     layout: TargetLayout = field(default_factory=TargetLayout)
     targets: tuple[str, ...] | None = None  # GPU processors; None: report, do not judge
     version: str | None = None  # the exact version, 2.5.1+rocm6.2
+    platform: str | None = None  # the lock line's platform tag, manylinux_2_28_x86_64
     extra_rpath: tuple[str, ...] = ()
     smoke: Smoke | None = None
     # depends_on pins (torch==2.5.1+rocm6.2) the smoke test installs too, from find_links
@@ -84,7 +85,7 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         *_resolution(analysis),
         *_gpu_targets(analysis, expect.targets),
         *_search_paths(analysis, expect),
-        *_tags_and_version(analysis, expect.version),
+        *_tags_and_version(analysis, expect.version, expect.platform),
     ]
     if smoke and expect.smoke is not None:
         if any(f.level == ERROR for f in findings):
@@ -159,12 +160,14 @@ def _search_paths(analysis: WheelAnalysis, expect: Expectations) -> list[Finding
     return findings
 
 
-def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None) -> list[Finding]:
+def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, expected_platform: str | None) -> list[Finding]:
     info = analysis.info
     findings = []
     platforms = info.platform_tags
     if len(platforms) != 1:
         findings.append(Finding(ERROR, "tags", f"{len(platforms)} platform tags in the file name ({'.'.join(platforms)}): keep one"))
+    elif expected_platform and platforms != (expected_platform,):
+        findings.append(Finding(ERROR, "tags", f"platform tag {platforms[0]}, but the lock line says {expected_platform}"))
     if any(p.startswith("linux_") for p in platforms) and analysis.members:
         findings.append(Finding(ERROR, "tags", "platform tag linux_*: the wheel was not repaired (rocwheels repair)"))
     name_tags = {str(t) for t in parse_wheel_filename(info.path.name)[3]}
@@ -198,5 +201,5 @@ def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None
     """What a wheel of ``recipe`` built for ``line`` must be."""
     links = tuple(LinkPackage.parse(entry) for entry in recipe.repair.link_packages)
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
-    return Expectations(layout=layout, targets=targets, version=version, extra_rpath=recipe.repair.rpath, smoke=recipe.smoke,
-                        smoke_requirements=smoke_requirements, find_links=find_links)
+    return Expectations(layout=layout, targets=targets, version=version, platform=line.platform, extra_rpath=recipe.repair.rpath,
+                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links)

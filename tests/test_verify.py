@@ -53,6 +53,13 @@ def test_extra_target_is_a_warning(repaired: Repaired, expect, hip_targets):
         assert report.ok and any("unrequested" in w for w in checks(report, "warning"))
 
 
+def test_platform_tag_must_match_the_lock_line(repaired: Repaired, expect):
+    (platform,) = repaired.wheel.name.removesuffix(".whl").rsplit("-", 1)[1:]
+    assert verify_wheel(repaired.wheel, replace(expect, platform=platform), smoke=False).ok
+    errors = checks(verify_wheel(repaired.wheel, replace(expect, platform="manylinux_2_99_x86_64"), smoke=False))
+    assert any(e.startswith("tags:") and "manylinux_2_99_x86_64" in e for e in errors)
+
+
 def test_unrepaired_wheel_fails(repaired: Repaired, expect):
     errors = checks(verify_wheel(repaired.raw, expect, smoke=False))
     assert any(e.startswith("tags:") and "not repaired" in e for e in errors)
