@@ -13,7 +13,14 @@ from . import lock as lockmod
 from .errors import RocwheelsError
 from .layout import Layout
 from .log import setup_logging
-from .plan import Plan, describe, select_plan, wheel_origin, wheel_version
+from .plan import (
+    Plan,
+    describe,
+    label_aliases,
+    select_plan,
+    wheel_origin,
+    wheel_version,
+)
 from .recipes import Repair, load_recipes
 from .targets import parse_targets
 
@@ -224,9 +231,10 @@ def index_build(obj: Context, hashes: bool) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
     from .index import build_static_index, write_constraints
 
-    for root in build_static_index(obj.layout.wheelhouse):
+    aliases = label_aliases(obj.layout)
+    for root in build_static_index(obj.layout.wheelhouse, aliases):
         click.echo(f"index: {root}/")
-    for path in write_constraints(obj.layout.wheelhouse, hashes=hashes):
+    for path in write_constraints(obj.layout.wheelhouse, hashes=hashes, aliases=aliases):
         click.echo(f"constraints: {path}")
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -58,22 +59,27 @@ def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:
     return tuple(wheels)
 
 
-def wheels_by_label(wheelhouse: Path) -> dict[str, tuple[WheelFile, ...]]:
-    """The wheelhouse's wheels grouped by ROCm line label; wheels without one are left out (with a warning)."""
+def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) -> dict[str, tuple[WheelFile, ...]]:
+    """The wheelhouse's wheels grouped by ROCm line label; wheels without one are left out (with a warning).
+
+    ``aliases`` maps a package's own label to its line's (vLLM labels itself ``rocm624`` on the
+    ``rocm6.2`` line), so a line's index and constraints hold all of its packages.
+    """
+    aliases = aliases or {}
     lines: dict[str, list[WheelFile]] = defaultdict(list)
     for wheel in scan_wheels(wheelhouse):
         if wheel.label is None:
             log.warning("%s: no +rocmX.Y local version label, left out of the per-line index and constraints",
                         wheel.path.name)
             continue
-        lines[wheel.label].append(wheel)
+        lines[aliases.get(wheel.label, wheel.label)].append(wheel)
     if not lines:
         raise RocwheelsError(f"no wheels with a +rocmX.Y local version label in {wheelhouse}",
                              fix="build, repair and verify wheels first (they land in the wheelhouse)")
     return {label: tuple(wheels) for label, wheels in sorted(lines.items())}
 
 
-def build_static_index(wheelhouse: Path) -> tuple[Path, ...]:
+def build_static_index(wheelhouse: Path, aliases: Mapping[str, str] | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/simple/<label>/`` PEP 503 trees, one per ROCm line, and return their folders.
 
     File links point back at the wheels (``../../../<file>#sha256=...``), so serving the wheelhouse
@@ -81,7 +87,7 @@ def build_static_index(wheelhouse: Path) -> tuple[Path, ...]:
     PEP 691 JSON is not written: pip only asks for it through content negotiation, which a static
     server does not do.
     """
-    lines = wheels_by_label(wheelhouse)
+    lines = wheels_by_label(wheelhouse, aliases)
     link = wheelhouse / INDEX_LINK
     if link.exists() and not link.is_symlink():
         raise RocwheelsError(f"{link} is a real folder; rocwheels keeps it as a link to the newest index",
@@ -133,7 +139,7 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, *, hashes: bool = True) -> tuple[Path, ...]:
+def write_constraints(wheelhouse: Path, *, hashes: bool = True, aliases: Mapping[str, str] | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
     With ``hashes`` every pin also lists the sha256 of each of its wheel files, so pip (26.x
@@ -142,7 +148,7 @@ def write_constraints(wheelhouse: Path, *, hashes: bool = True) -> tuple[Path, .
     ``hashes=False`` writes pins only, which still keep a higher version from another index out.
     """
     written = []
-    for label, wheels in wheels_by_label(wheelhouse).items():
+    for label, wheels in wheels_by_label(wheelhouse, aliases).items():
         pins = _by_project(wheels)
         lines = [f"# {label} wheels built by rocwheels; use: pip install -c {_constraints_name(label)} ..."]
         for project, files in sorted(pins.items()):

@@ -205,3 +205,17 @@ def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe 
         if label == str(version):
             return recipe, line
     return recipe, None
+
+
+def label_aliases(layout: Layout) -> dict[str, str]:
+    """Local labels packages give themselves -> their line's label (``rocm624`` -> ``rocm6.2``)."""
+    if not (layout.recipes_dir / LOCK_FILE).is_file():
+        return {}
+    recipes = load_recipes(layout.recipes_dir)
+    aliases = {}
+    for line in lockmod.load_lock(layout.recipes_dir).lock.lines.values():
+        for name in line.versions:
+            label = wheel_version(recipes[name], line).split("+", 1)[1]
+            if label != line.local_version:
+                aliases[label] = line.local_version
+    return aliases

@@ -136,3 +136,14 @@ def test_hashed_constraints_need_dependencies_installed_separately(tmp_path, mak
 
     assert installed_build(fresh_venv, "rocm_canary") == "0.1.0+rocm9.9 ours"
     assert installed_build(fresh_venv, "some_dependency") == "1.0 ours"
+
+
+def test_a_package_with_its_own_label_joins_its_line(tmp_path, make_wheel):
+    """vLLM names its wheels +rocm624 on the rocm6.2 line: the line's index and constraints hold it."""
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(wheelhouse, "torch", "2.5.1+rocm6.2")
+    make_wheel(wheelhouse, "vllm", "0.7.3+rocm624")
+    (root,) = build_static_index(wheelhouse, {"rocm624": "rocm6.2"})
+    assert root.name == "rocm6.2" and (root / "vllm" / "index.html").is_file()
+    (constraints,) = write_constraints(wheelhouse, hashes=False, aliases={"rocm624": "rocm6.2"})
+    assert "vllm==0.7.3+rocm624" in constraints.read_text() and constraints.name == "constraints-rocm6.2.txt"

@@ -108,3 +108,10 @@ def test_plan_cli_unknown_target():
     assert result.returncode == 1
     assert "unknown GPU target 'gfx9999'" in result.stderr and "gfx942" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_label_aliases_of_the_shipped_lock():
+    from pipeline.layout import Layout
+    from pipeline.plan import label_aliases
+
+    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2"}
