@@ -234,9 +234,7 @@ def before_build_script(step: Step) -> str:
 
 def smoke_script(smoke: Smoke, *, gpu: bool) -> str:
     """``smoke.sh``: the recipe's smoke checks, in cibuildwheel's fresh venv holding the repaired wheel."""
-    snippets = [f"import {module}" for module in smoke.imports]
-    snippets += [code for code in (smoke.code, smoke.gpu_code if gpu else None) if code]
-    lines = ["#!/bin/bash", "set -euxo pipefail", *(f"python -c {shlex.quote(snippet)}" for snippet in snippets)]
+    lines = ["#!/bin/bash", "set -euxo pipefail", *(f"python -c {shlex.quote(snippet)}" for snippet in smoke.snippets(gpu=gpu))]
     return "\n".join(lines) + "\n"
 
 

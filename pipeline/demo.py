@@ -23,6 +23,7 @@ from .layout import Layout
 from .plan import Plan
 from .publish import publish
 from .serve import add_htpasswd_user, running_pypiserver
+from .smoke import gpu_present
 from .wheels import make_wheels
 
 CANARY = "rocm-canary"
@@ -87,8 +88,9 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
                     raise RocwheelsError(f"pip installed rocm-canary {installed}, not the build {version}")
                 result.append(f"rocm-canary=={installed} from {index.simple_url}")
             with _timed(steps, "smoke test") as result:
-                smoke = plan.steps[-1].recipe.smoke
-                result.append(run([python, "-c", smoke.code or f"import {smoke.imports[0]}"], cwd=root).output.strip())
+                outputs = [run([python, "-c", snippet], cwd=root).output.strip()
+                           for snippet in plan.steps[-1].recipe.smoke.snippets(gpu=gpu_present())]
+                result.append(" ".join(o for o in outputs if o) or "imported")
     steps.append(DemoStep("index server", "stopped", 0.0))
     return steps
 

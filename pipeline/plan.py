@@ -32,6 +32,7 @@ class Step:
     """One recipe's build: its resolved environment and commands."""
 
     recipe: Recipe
+    wheel_version: str  # what the built wheel must carry: 2.5.1+rocm6.2
     env: dict[str, str]
     pre: tuple[str, ...]
     build_args: tuple[str, ...]
@@ -41,10 +42,6 @@ class Step:
     @property
     def name(self) -> str:
         return self.recipe.name
-
-    @property
-    def wheel_version(self) -> str:
-        return self.env["ROCWHEELS_WHEEL_VERSION"]
 
 
 @dataclass(frozen=True)
@@ -132,12 +129,10 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
         **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
         **{key: value.format_map(values) for key, value in recipe.env.items()},
         recipe.targets.env: values["targets"],
-        # Read back by the later stages: what version the built wheel must carry.
-        "ROCWHEELS_WHEEL_VERSION": version,
     }
     pre = tuple(command.format_map(values) for command in recipe.build.pre)
     args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
-    return Step(recipe, env, pre, args, dependencies)
+    return Step(recipe, version, env, pre, args, dependencies)
 
 
 def describe(plan: Plan) -> str:

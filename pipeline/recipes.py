@@ -104,6 +104,11 @@ class Smoke(Model):
     code: str | None = None
     gpu_code: str | None = None
 
+    def snippets(self, *, gpu: bool) -> list[str]:
+        """The Python snippets to run, in order (``gpu_code`` only where a GPU is present)."""
+        codes = (self.code, self.gpu_code if gpu else None)
+        return [f"import {module}" for module in self.imports] + [code for code in codes if code]
+
 
 class Recipe(Model):
     name: str

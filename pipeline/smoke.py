@@ -60,11 +60,8 @@ def smoke_test(wheel: Path, smoke: Smoke, *, requirements: Sequence[str] = (), f
             links = ["--find-links", find_links] if find_links else []
             run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *links, wheel, *requirements],
                 log_file=log_file, cwd=Path(folder))
-            snippets = [f"import {module}" for module in smoke.imports] + ([smoke.code] if smoke.code else [])
-            for snippet in snippets:
+            for snippet in smoke.snippets(gpu=gpu_present()):
                 run([venv_python, "-c", snippet], log_file=log_file, cwd=Path(folder))
-            if smoke.gpu_code and gpu_present():
-                run([venv_python, "-c", smoke.gpu_code], log_file=log_file, cwd=Path(folder))
         except CommandError as exc:
             return SmokeResult(False, False, f"smoke test failed: {exc.message}")
     gpu = "GPU check passed" if smoke.gpu_code and gpu_present() else "no GPU here: GPU check not run" if smoke.gpu_code else "no GPU check"
