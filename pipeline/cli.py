@@ -229,12 +229,12 @@ def index_group() -> None:
 @click.pass_obj
 def index_build(obj: Context, hashes: bool) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
-    from .index import build_static_index, write_constraints
+    from .index import build_static_index, wheels_by_label, write_constraints
 
-    aliases = label_aliases(obj.layout)
-    for root in build_static_index(obj.layout.wheelhouse, aliases):
+    lines = wheels_by_label(obj.layout.wheelhouse, label_aliases(obj.layout))
+    for root in build_static_index(obj.layout.wheelhouse, lines):
         click.echo(f"index: {root}/")
-    for path in write_constraints(obj.layout.wheelhouse, hashes=hashes, aliases=aliases):
+    for path in write_constraints(obj.layout.wheelhouse, lines, hashes=hashes):
         click.echo(f"constraints: {path}")
 
 

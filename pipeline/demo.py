@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .cmd import run
 from .errors import RocwheelsError
-from .index import build_static_index, write_constraints
+from .index import build_static_index, wheels_by_label, write_constraints
 from .layout import Layout
 from .plan import Plan
 from .publish import publish
@@ -76,8 +76,9 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
                 published = publish(layout.wheelhouse, index.url, attempts=2)
                 result.append(f"{len(published.uploaded)} uploaded, {len(published.skipped)} already there, {index.url}")
             with _timed(steps, "static index + constraints") as result:
-                roots = build_static_index(layout.wheelhouse)
-                constraints = write_constraints(layout.wheelhouse, hashes=False)
+                lines = wheels_by_label(layout.wheelhouse)
+                roots = build_static_index(layout.wheelhouse, lines)
+                constraints = write_constraints(layout.wheelhouse, lines, hashes=False)
                 result.append(", ".join(p.name for p in (*roots, *constraints)))
             with _timed(steps, "install into a fresh venv") as result:
                 python = _fresh_venv(root / "venv")

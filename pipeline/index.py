@@ -79,7 +79,12 @@ def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) 
     return {label: tuple(wheels) for label, wheels in sorted(lines.items())}
 
 
-def build_static_index(wheelhouse: Path, aliases: Mapping[str, str] | None = None) -> tuple[Path, ...]:
+# Grouped wheels of a wheelhouse (``wheels_by_label``): callers writing both the index and the
+# constraints group once, so multi-GB wheels are hashed once.
+Lines = Mapping[str, tuple[WheelFile, ...]]
+
+
+def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/simple/<label>/`` PEP 503 trees, one per ROCm line, and return their folders.
 
     File links point back at the wheels (``../../../<file>#sha256=...``), so serving the wheelhouse
@@ -87,7 +92,7 @@ def build_static_index(wheelhouse: Path, aliases: Mapping[str, str] | None = Non
     PEP 691 JSON is not written: pip only asks for it through content negotiation, which a static
     server does not do.
     """
-    lines = wheels_by_label(wheelhouse, aliases)
+    lines = lines if lines is not None else wheels_by_label(wheelhouse)
     link = wheelhouse / INDEX_LINK
     if link.exists() and not link.is_symlink():
         raise RocwheelsError(f"{link} is a real folder; rocwheels keeps it as a link to the newest index",
@@ -139,7 +144,7 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, *, hashes: bool = True, aliases: Mapping[str, str] | None = None) -> tuple[Path, ...]:
+def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: bool = True) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
     With ``hashes`` every pin also lists the sha256 of each of its wheel files, so pip (26.x
@@ -148,9 +153,9 @@ def write_constraints(wheelhouse: Path, *, hashes: bool = True, aliases: Mapping
     ``hashes=False`` writes pins only, which still keep a higher version from another index out.
     """
     written = []
-    for label, wheels in wheels_by_label(wheelhouse, aliases).items():
+    for label, wheels in (lines if lines is not None else wheels_by_label(wheelhouse)).items():
         pins = _by_project(wheels)
-        lines = [f"# {label} wheels built by rocwheels; use: pip install -c {_constraints_name(label)} ..."]
+        text = [f"# {label} wheels built by rocwheels; use: pip install -c {_constraints_name(label)} ..."]
         for project, files in sorted(pins.items()):
             versions = sorted({str(w.version) for w in files})
             if len(versions) > 1:
@@ -161,10 +166,10 @@ def write_constraints(wheelhouse: Path, *, hashes: bool = True, aliases: Mapping
             pin = f"{project}=={versions[0]}"
             if hashes:
                 pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
-            lines.append(pin)
+            text.append(pin)
         path = wheelhouse / _constraints_name(label)
         pending = path.with_name(f".{path.name}.tmp")
-        pending.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        pending.write_text("\n".join(text) + "\n", encoding="utf-8")
         os.replace(pending, path)
         log.info("constraints %s: %d pins -> %s", label, len(pins), path)
         written.append(path)

@@ -7,7 +7,12 @@ import logging
 import pytest
 
 from pipeline.errors import CommandError, RocwheelsError
-from pipeline.index import build_static_index, file_sha256, write_constraints
+from pipeline.index import (
+    build_static_index,
+    file_sha256,
+    wheels_by_label,
+    write_constraints,
+)
 
 CANARY = "rocm-canary"
 
@@ -143,7 +148,8 @@ def test_a_package_with_its_own_label_joins_its_line(tmp_path, make_wheel):
     wheelhouse = tmp_path / "wheelhouse"
     make_wheel(wheelhouse, "torch", "2.5.1+rocm6.2")
     make_wheel(wheelhouse, "vllm", "0.7.3+rocm624")
-    (root,) = build_static_index(wheelhouse, {"rocm624": "rocm6.2"})
+    lines = wheels_by_label(wheelhouse, {"rocm624": "rocm6.2"})
+    (root,) = build_static_index(wheelhouse, lines)
     assert root.name == "rocm6.2" and (root / "vllm" / "index.html").is_file()
-    (constraints,) = write_constraints(wheelhouse, hashes=False, aliases={"rocm624": "rocm6.2"})
+    (constraints,) = write_constraints(wheelhouse, lines, hashes=False)
     assert "vllm==0.7.3+rocm624" in constraints.read_text() and constraints.name == "constraints-rocm6.2.txt"
