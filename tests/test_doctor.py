@@ -4,7 +4,6 @@ and a fake rocminfo. No test here starts a container."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -96,9 +95,7 @@ def test_image_test_without_a_gpu_starts_no_container(no_gpu_here: None, tmp_pat
     engine_script = tmp_path / "podman"
     engine_script.write_text(f"#!/bin/sh\ntouch {called}\n")
     engine_script.chmod(0o755)
-    started = time.monotonic()
     check = image_test(Engine("podman", (str(engine_script),)), "localhost/rocwheels-builder:any")
-    assert time.monotonic() - started < 1
     assert not called.exists(), "the engine was called"
     assert check.ok is None
     assert check.detail.startswith("no AMD GPU on this host (/dev/kfd missing)")

@@ -20,12 +20,10 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
 from pipeline.cmd import run
-from pipeline.engine import Engine, detect_engine
+from pipeline.engine import Engine
 from pipeline.errors import RocwheelsError
 from pipeline.image import BUILDER_REPOSITORY, PROJECT_ROOT, build_image
 
-SUITE = "trixie"  # HIP 5.7 (clang 17) compiles gfx942; bookworm's HIP 5.2 does not
-TEST_BASE = f"localhost/rocwheels-test-base:{SUITE}"
 PYTHON = "3.13"  # trixie's python3
 ARCHS = ("gfx90a", "gfx942")
 
@@ -112,19 +110,14 @@ def test_bad_inputs_are_explained(fake_podman: tuple[Engine, Path], line: str, p
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    if shutil.which("podman") is None:
-        pytest.fail("podman is not installed: apt-get install -y podman runc debootstrap")
-    found = detect_engine()
-    assert found.name == "podman"
-    return found
+def engine(podman_engine: Engine) -> Engine:
+    return podman_engine
 
 
 @pytest.fixture(scope="module")
-def builder(engine: Engine) -> str:
-    run(["bash", PROJECT_ROOT / "docker" / "test-base" / "make-base.sh", SUITE], env=engine.env)
+def builder(engine: Engine, trixie_base: str) -> str:
     # Debian's ROCm lives in /usr: ROCM_PATH stays empty (see Dockerfile.builder).
-    return build_image("test", TEST_BASE, [PYTHON], engine, rocm_path="", rocm_archs=ARCHS)
+    return build_image("test", trixie_base, [PYTHON], engine, rocm_path="", rocm_archs=ARCHS)
 
 
 def in_builder(engine: Engine, image: str, script: str, *options: str) -> str:
@@ -140,10 +133,10 @@ def test_tag_names_the_line_and_a_content_hash(builder: str) -> None:
 
 
 @pytest.mark.container
-def test_unchanged_inputs_reuse_the_image(engine: Engine, builder: str, tmp_path: Path) -> None:
+def test_unchanged_inputs_reuse_the_image(engine: Engine, builder: str, trixie_base: str, tmp_path: Path) -> None:
     build_log = tmp_path / "build.log"
     started = time.monotonic()
-    again = build_image("test", TEST_BASE, [PYTHON], engine, rocm_path="", rocm_archs=ARCHS, log_file=build_log)
+    again = build_image("test", trixie_base, [PYTHON], engine, rocm_path="", rocm_archs=ARCHS, log_file=build_log)
     assert again == builder
     assert not build_log.exists(), "nothing should have been built"
     assert time.monotonic() - started < 10
