@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 import sys
 import textwrap
-import time
 import zipfile
 from pathlib import Path
 
@@ -135,11 +134,9 @@ def test_tag_names_the_line_and_a_content_hash(builder: str) -> None:
 @pytest.mark.container
 def test_unchanged_inputs_reuse_the_image(engine: Engine, builder: str, trixie_base: str, tmp_path: Path) -> None:
     build_log = tmp_path / "build.log"
-    started = time.monotonic()
     again = build_image("test", trixie_base, [PYTHON], engine, rocm_path="", rocm_archs=ARCHS, log_file=build_log)
     assert again == builder
     assert not build_log.exists(), "nothing should have been built"
-    assert time.monotonic() - started < 10
 
 
 @pytest.mark.container
