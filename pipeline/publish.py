@@ -132,7 +132,7 @@ def publish(wheelhouse: Path, repository: str, *, config_file: Path | None = Non
                     fix="check that the index server is running and reachable (a local one: rocwheels serve) and that "
                         "--repository names it, then publish again: wheels already on the index are skipped") from None
             delay = backoff_seconds * 2 ** (attempt - 1)
-            log.warning("%s; retrying in %.1f s (attempt %d of %d)", exc, delay, attempt + 1, attempts)
+            log.warning("%s; retrying in %g s (attempt %d of %d)", exc, delay, attempt + 1, attempts)
             time.sleep(delay)
     assert already_there is not None  # set by the try that succeeded
     uploaded = tuple(w.path for w in wheels if w not in already_there)
