@@ -176,6 +176,8 @@ def rewrite_wheel(
     skipped = {record_name} | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES}
     dest.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    # mkstemp makes the file 0600; a wheel is served and installed by other users (index, web server).
+    os.fchmod(handle, 0o666 & ~_umask())
     temp = Path(temp_name)
     try:
         with os.fdopen(handle, "wb") as stream:
@@ -210,6 +212,12 @@ def rewrite_wheel(
         temp.unlink(missing_ok=True)
         raise
     return dest
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def replace_platform_tag(filename: str, platform: str) -> str:

@@ -161,6 +161,7 @@ def test_rewrite_replaces_members_and_records_them(wheel: Path, tmp_path: Path) 
             new = after.getinfo(old.filename)
             assert (new.date_time, new.external_attr) == (old.date_time, old.external_attr)
     assert sorted(p.name for p in dest.parent.iterdir()) == [wheel.name]
+    assert dest.stat().st_mode & 0o777 == 0o666 & ~_current_umask()  # readable by the index and web server
 
 
 def test_rewrite_drops_record_signatures(platform_wheel: Callable[..., Path], tmp_path: Path) -> None:
@@ -203,3 +204,9 @@ def test_extract_keeps_permissions(wheel: Path, tmp_path: Path) -> None:
 )
 def test_replace_platform_tag(name: str, expected: str) -> None:
     assert replace_platform_tag(name, "manylinux_2_28_x86_64") == expected
+
+
+def _current_umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
