@@ -19,7 +19,7 @@ from pydantic import AfterValidator, field_validator, model_validator
 
 from .errors import ConfigError, RocwheelsError
 from .models import Model, read_toml, validate
-from .recipes import LOCK_FILE, Recipe
+from .recipes import LOCK_FILE, RecipeFile, recipe_path
 from .targets import known_processor_list
 
 log = logging.getLogger("rocwheels")
@@ -104,11 +104,22 @@ class Rule(Model):
         return requires
 
 
+# The lock format this rocwheels reads; a newer file needs a newer rocwheels.
+SCHEMA_VERSION = 1
+
+
 class Lock(Model):
-    schema_version: int = 1
+    schema_version: int = SCHEMA_VERSION
     default_line: str
     lines: dict[str, Line]
     rules: tuple[Rule, ...] = ()
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, schema: int) -> int:
+        if schema != SCHEMA_VERSION:
+            raise ValueError(f"this rocwheels reads lock schema {SCHEMA_VERSION}, not {schema}: upgrade rocwheels or write schema_version = {SCHEMA_VERSION}")
+        return schema
 
 
 @dataclass(frozen=True)
@@ -138,7 +149,7 @@ def load_lock(recipes_dir: Path) -> LockFile:
     return LockFile(path, validate(Lock, read_toml(path), path))
 
 
-def check_lock(lock_file: LockFile, recipes: dict[str, Recipe], *, warn_for: str | None = None) -> list[str]:
+def check_lock(lock_file: LockFile, recipes: dict[str, RecipeFile], *, warn_for: str | None = None) -> list[str]:
     """Raise ConfigError on the first inconsistency; return warnings about unverified pins
     (of every line, or only of line ``warn_for`` and the rules it uses)."""
     path, lock = lock_file.path, lock_file.lock
@@ -164,14 +175,16 @@ def check_lock(lock_file: LockFile, recipes: dict[str, Recipe], *, warn_for: str
     return warnings
 
 
-def _check_line_recipes(path: Path, where: str, line: Line, recipes: dict[str, Recipe]) -> None:
+def _check_line_recipes(path: Path, where: str, line: Line, recipes: dict[str, RecipeFile]) -> None:
     for package, version in line.versions.items():
         field = f"{where}.versions.{package}"
         recipe = recipes.get(package)
         if recipe is None:
             raise ConfigError(path, field, "no recipe of that name", fix=f"known recipes: {', '.join(recipes)}")
-        if recipe.version != version:
-            raise ConfigError(path, field, f"is {version} but recipes/{package}.toml has version = {recipe.version!r}", fix="make the two agree (the recipe's source pins one version)")
+        if version not in recipe.versions:
+            recipe_file = recipe_path(path.parent, package)
+            raise ConfigError(path, field, f"{version} is not described in {recipe_file}",
+                              fix=f'add [versions."{version}"] with its source to {recipe_file}, or pin one of: {", ".join(recipe.versions)}')
         for dep in recipe.depends_on:
             if dep not in line.versions:
                 raise ConfigError(path, field, f"{package} depends on {dep}, which this line does not pin", fix=f"add {dep} to [{where}.versions]")

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
-_SUBFIELD = re.compile(r"^([A-Za-z_][\w.\[\]-]*): (.+)$", re.DOTALL)
+_SUBFIELD = re.compile(r"^(\w[\w.+\[\]-]*): (.+)$", re.DOTALL)
 
 
 class Model(BaseModel):

@@ -21,7 +21,7 @@ from .errors import ConfigError, RocwheelsError
 from .host import host_rocm_version
 from .layout import Layout
 from .lock import Line
-from .recipes import LOCK_FILE, Recipe, load_recipes, recipe_path
+from .recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
 from .targets import GpuTarget, check_supported, format_targets, parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -52,33 +52,26 @@ class Plan:
     steps: tuple[Step, ...] = field(default=())
 
 
-def build_order(recipes: dict[str, Recipe], wanted: Sequence[str], recipes_dir: Path) -> list[Recipe]:
-    """``wanted`` and everything they depend on, dependencies first; a cycle is an error."""
+def build_order(recipes: dict[str, RecipeFile], wanted: Sequence[str]) -> list[RecipeFile]:
+    """``wanted`` and everything they depend on, dependencies first (load_recipes refused cycles)."""
     unknown = [name for name in wanted if name not in recipes]
     if unknown:
         raise RocwheelsError(f"unknown recipe(s): {', '.join(unknown)}", fix=f"known recipes: {', '.join(recipes)}")
-    ordered: list[Recipe] = []
-    visiting: list[str] = []
+    ordered: dict[str, RecipeFile] = {}
 
     def visit(name: str) -> None:
-        if any(r.name == name for r in ordered):
-            return
-        if name in visiting:
-            cycle = " -> ".join([*visiting[visiting.index(name):], name])
-            raise ConfigError(recipe_path(recipes_dir, name), "depends_on", f"dependency cycle: {cycle}", fix="remove one of these depends_on entries")
-        visiting.append(name)
-        for dep in recipes[name].depends_on:
-            visit(dep)
-        visiting.pop()
-        ordered.append(recipes[name])
+        if name not in ordered:
+            for dep in recipes[name].depends_on:
+                visit(dep)
+            ordered[name] = recipes[name]
 
     for name in wanted:
         visit(name)
-    return ordered
+    return list(ordered.values())
 
 
 def make_plan(
-    recipes: dict[str, Recipe],
+    recipes: dict[str, RecipeFile],
     wanted: Sequence[str],
     *,
     recipes_dir: Path,
@@ -89,20 +82,31 @@ def make_plan(
 ) -> Plan:
     """Order the recipes, check the targets against line and recipes, resolve every value."""
     check_supported(targets, line.targets, what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)")
-    ordered = build_order(recipes, wanted, recipes_dir)
+    ordered = [at_line(recipe, line_name, line, recipes_dir) for recipe in build_order(recipes, wanted)]
     for recipe in ordered:
-        if recipe.name not in line.versions:
-            raise RocwheelsError(
-                f"recipe {recipe.name} is not pinned in ROCm line {line_name}",
-                fix=f"add it to [lines.{line_name}.versions] in recipes/lock.toml, or pick another line (ROCM=...)",
-            )
-        check_supported(targets, recipe.targets.supported, what=f"recipe {recipe.name} ({recipe_path(recipes_dir, recipe.name)} targets.supported)")
+        check_supported(targets, recipe.targets.supported, what=f"recipe {recipe.name} {recipe.version} ({recipe_path(recipes_dir, recipe.name)} targets.supported)")
+    by_name = {recipe.name: recipe for recipe in ordered}
     jobs = jobs or os.cpu_count() or 1
     steps = tuple(
-        _step(recipe, line, targets, jobs, tuple((recipes[d].dist_name, wheel_version(recipes[d], line)) for d in recipe.depends_on))
+        _step(recipe, line, targets, jobs, tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on))
         for recipe in ordered
     )
     return Plan(line_name, line, targets, steps)
+
+
+def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -> Recipe:
+    """The recipe at the version line ``line_name`` pins."""
+    version = line.versions.get(recipe.name)
+    if version is None:
+        raise RocwheelsError(
+            f"recipe {recipe.name} is not pinned in ROCm line {line_name}",
+            fix=f"add it to [lines.{line_name}.versions] in recipes/lock.toml, or pick another line (ROCM=...)",
+        )
+    if version not in recipe.versions:
+        raise ConfigError(recipes_dir / LOCK_FILE, f"lines.{line_name}.versions.{recipe.name}",
+                          f"{version} is not described in {recipe_path(recipes_dir, recipe.name)}",
+                          fix=f'add [versions."{version}"] to {recipe_path(recipes_dir, recipe.name)}, or pin one of: {", ".join(recipe.versions)}')
+    return recipe.at(version, recipes_dir)
 
 
 def _rocm_values(line: Line) -> dict[str, str]:
@@ -146,6 +150,8 @@ def describe(plan: Plan) -> str:
         recipe = step.recipe
         source = recipe.source.path or recipe.source.url or f"{recipe.source.git}@{recipe.source.commit}"
         lines += ["", f"{number}. {recipe.name} {step.wheel_version}  (source: {source})"]
+        if recipe.patches:
+            lines.append(f"   patches: {', '.join(recipe.patches)}")
         if recipe.depends_on:
             lines.append(f"   after: {', '.join(recipe.depends_on)} (their wheels installed into the build environment)")
         lines.append("   environment:")
@@ -191,15 +197,16 @@ def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe 
     except InvalidWheelFilename:
         return None, None  # the stage's own wheel check explains what is wrong with it
     recipes = load_recipes(layout.recipes_dir)
-    recipe = next((r for r in recipes.values() if r.dist_name == name.replace("-", "_")), None)
+    recipe_file = next((r for r in recipes.values() if r.dist_name == name.replace("-", "_")), None)
     lock_file = lockmod.load_lock(layout.recipes_dir)
-    if rocm:
-        return recipe, lock_file.line(rocm)
-    for line in lock_file.lock.lines.values():
+    lines = {rocm: lock_file.line(rocm)} if rocm else lock_file.lock.lines
+    for line_name, line in lines.items():
+        pinned = recipe_file is not None and recipe_file.name in line.versions
+        recipe = at_line(recipe_file, line_name, line, layout.recipes_dir) if pinned else None
         label = wheel_version(recipe, line) if recipe else f"{version.public}+{line.local_version}"
-        if label == str(version):
+        if rocm or label == str(version):
             return recipe, line
-    return recipe, None
+    return None, None
 
 
 def label_aliases(layout: Layout) -> dict[str, str]:
@@ -208,9 +215,9 @@ def label_aliases(layout: Layout) -> dict[str, str]:
         return {}
     recipes = load_recipes(layout.recipes_dir)
     aliases = {}
-    for line in lockmod.load_lock(layout.recipes_dir).lock.lines.values():
+    for line_name, line in lockmod.load_lock(layout.recipes_dir).lock.lines.items():
         for name in line.versions:
-            label = wheel_version(recipes[name], line).split("+", 1)[1]
+            label = wheel_version(at_line(recipes[name], line_name, line, layout.recipes_dir), line).split("+", 1)[1]
             if label != line.local_version:
                 aliases[label] = line.local_version
     return aliases

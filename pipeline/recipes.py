@@ -110,31 +110,54 @@ class Smoke(Model):
         return [f"import {module}" for module in self.imports] + [code for code in codes if code]
 
 
-class Recipe(Model):
+class Release(Model):
+    """What one version of a package needs: its pinned source and what differs from the package-wide data."""
+
+    source: Source
+    env: dict[str, str] = {}  # added to, or overriding, the recipe's [env]
+    requires: tuple[str, ...] = ()  # build requirements of this version, on top of [build] requires
+    targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)] | None = None  # overrides [targets] supported
+
+    @field_validator("env")
+    @classmethod
+    def _known_placeholders(cls, env: dict[str, str]) -> dict[str, str]:
+        for key, value in env.items():
+            _check_placeholders(value, key)
+        return env
+
+
+class RecipeFile(Model):
+    """A recipe as written: one package, every version it can build (``[versions."X"]``).
+
+    The lock line picks the version; :meth:`at` gives the :class:`Recipe` for it.
+    """
+
     name: str
-    version: str
     distribution: str | None = None
     # The +local label the package's build gives its wheel; most take it from the environment.
     local_version: str = "rocm{rocm_short}"
     description: str = ""
-    source: Source
     build: Build = Build()
     env: dict[str, str] = {}
     targets: Targets
     depends_on: tuple[str, ...] = ()
     repair: Repair = Repair()
     smoke: Smoke
+    versions: dict[str, Release]
 
-    @field_validator("version")
+    @field_validator("versions")
     @classmethod
-    def _pep440(cls, version: str) -> str:
-        try:
-            parsed = Version(version)
-        except InvalidVersion:
-            raise ValueError(f"{version!r} is not a PEP 440 version") from None
-        if parsed.local:
-            raise ValueError("leave out the local part (+rocm...): rocwheels adds it from the lock line")
-        return version
+    def _pep440_keys(cls, versions: dict[str, Release]) -> dict[str, Release]:
+        if not versions:
+            raise ValueError('describe at least one version: [versions."1.2.3"] with its source')
+        for version in versions:
+            try:
+                parsed = Version(version)
+            except InvalidVersion:
+                raise ValueError(f"{version}: not a PEP 440 version") from None
+            if parsed.local:
+                raise ValueError(f"{version}: leave out the local part (+rocm...): rocwheels adds it from the lock line")
+        return versions
 
     @field_validator("local_version")
     @classmethod
@@ -156,6 +179,42 @@ class Recipe(Model):
             _check_placeholders(command, f"pre[{index}]")
         return build
 
+    @property
+    def dist_name(self) -> str:
+        """The project name its wheels carry (normalized as in wheel file names)."""
+        return canonicalize_name(self.distribution or self.name).replace("-", "_")
+
+    def at(self, version: str, recipes_dir: Path) -> Recipe:
+        """This package at ``version``: package-wide data with the version's own laid over it."""
+        release = self.versions[version]
+        patches = patches_dir(recipes_dir, self.name, version)
+        return Recipe(
+            name=self.name, version=version, distribution=self.distribution, local_version=self.local_version,
+            description=self.description, source=release.source,
+            build=self.build.model_copy(update={"requires": (*self.build.requires, *release.requires)}),
+            env={**self.env, **release.env},
+            targets=self.targets.model_copy(update={"supported": release.targets}) if release.targets else self.targets,
+            depends_on=self.depends_on, repair=self.repair, smoke=self.smoke,
+            patches=tuple(sorted(str(p.relative_to(recipes_dir)) for p in patches.glob("*.patch"))) if patches.is_dir() else (),
+        )
+
+
+class Recipe(Model):
+    """One package at one version: what the plan builds (made by :meth:`RecipeFile.at`)."""
+
+    name: str
+    version: str
+    distribution: str | None = None
+    local_version: str = "rocm{rocm_short}"
+    description: str = ""
+    source: Source
+    build: Build = Build()
+    env: dict[str, str] = {}
+    targets: Targets
+    depends_on: tuple[str, ...] = ()
+    repair: Repair = Repair()
+    smoke: Smoke
+    patches: tuple[str, ...] = ()  # relative to the recipes folder, applied in this order
 
     @property
     def dist_name(self) -> str:
@@ -175,22 +234,53 @@ def recipe_path(recipes_dir: Path, name: str) -> Path:
     return recipes_dir / f"{name}.toml"
 
 
-def load_recipe(path: Path) -> Recipe:
-    recipe = validate(Recipe, read_toml(path), path)
+def patches_dir(recipes_dir: Path, name: str, version: str) -> Path:
+    """Where a version's patches live: ``recipes/patches/<name>/<version>/*.patch``."""
+    return recipes_dir / "patches" / name / version
+
+
+def load_recipe(path: Path) -> RecipeFile:
+    recipe = validate(RecipeFile, read_toml(path), path)
     if recipe.name != path.stem:
         raise ConfigError(path, "name", f"is {recipe.name!r} but the file is {path.name}", fix=f"rename the file to {recipe.name}.toml or set name = {path.stem!r}")
     if not _NAME.match(recipe.name):
         raise ConfigError(path, "name", "use lowercase letters, digits and '-'")
-    if recipe.source.path and not (path.parent / recipe.source.path).is_dir():
-        raise ConfigError(path, "source.path", f"folder {path.parent / recipe.source.path} does not exist")
+    for version, release in recipe.versions.items():
+        if release.source.path and not (path.parent / release.source.path).is_dir():
+            raise ConfigError(path, f"versions.{version}.source.path", f"folder {path.parent / release.source.path} does not exist")
     return recipe
 
 
-def load_recipes(recipes_dir: Path) -> dict[str, Recipe]:
-    """Every ``*.toml`` in ``recipes_dir`` except the lock, by name; ``depends_on`` names must exist."""
+def load_recipes(recipes_dir: Path) -> dict[str, RecipeFile]:
+    """Every ``*.toml`` in ``recipes_dir`` except the lock, by name; ``depends_on`` names must exist
+    and form no cycle; no two recipes may make the same distribution."""
     recipes = {p.stem: load_recipe(p) for p in sorted(recipes_dir.glob("*.toml")) if p.name != LOCK_FILE}
+    makers: dict[str, str] = {}
     for recipe in recipes.values():
         for dep in recipe.depends_on:
             if dep not in recipes:
                 raise ConfigError(recipe_path(recipes_dir, recipe.name), "depends_on", f"unknown recipe {dep!r}", fix=f"known recipes: {', '.join(recipes)}")
+        other = makers.setdefault(recipe.dist_name, recipe.name)
+        if other != recipe.name:
+            raise ConfigError(recipe_path(recipes_dir, recipe.name), "distribution",
+                              f"makes {recipe.dist_name} wheels, as recipes/{other}.toml does",
+                              fix="one recipe per distribution: merge the two, or set another distribution")
+    _check_acyclic(recipes, recipes_dir)
     return recipes
+
+
+def _check_acyclic(recipes: dict[str, RecipeFile], recipes_dir: Path) -> None:
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in path:
+            cycle = " -> ".join([*path[path.index(name):], name])
+            raise ConfigError(recipe_path(recipes_dir, name), "depends_on", f"dependency cycle: {cycle}", fix="remove one of these depends_on entries")
+        if name in done:
+            return
+        for dep in recipes[name].depends_on:
+            visit(dep, (*path, name))
+        done.add(name)
+
+    for name in recipes:
+        visit(name, ())

@@ -32,7 +32,7 @@ def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: P
     if source.path:
         shutil.copytree(recipes_dir / source.path, dest, ignore=_IGNORED)
     elif source.url:
-        archive = _download(source.url, source.sha256 or "", recipe_path(recipes_dir, recipe.name), logger)
+        archive = _download(source.url, source.sha256 or "", recipe_path(recipes_dir, recipe.name), f"versions.{recipe.version}.source.sha256", logger)
         _unpack(archive, dest)
     else:
         dest.mkdir(parents=True)
@@ -42,13 +42,16 @@ def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: P
         run([*git, "checkout", "-q", "FETCH_HEAD"], log_file=log_file, logger=logger)
         if source.submodules:
             run([*git, "submodule", "update", "-q", "--init", "--recursive", "--depth", "1"], log_file=log_file, logger=logger)
+    # Patches are made against the top of the source (``git diff`` style, -p1), before any subdir.
+    for patch in recipe.patches:
+        run(["git", "apply", "-p1", "--whitespace=nowarn", recipes_dir / patch], cwd=dest, log_file=log_file, logger=logger)
     root = dest / source.subdir if source.subdir else dest
     if not root.is_dir():
-        raise ConfigError(recipe_path(recipes_dir, recipe.name), "source.subdir", f"{source.subdir!r} is not a folder of the source")
+        raise ConfigError(recipe_path(recipes_dir, recipe.name), f"versions.{recipe.version}.source.subdir", f"{source.subdir!r} is not a folder of the source")
     return root
 
 
-def _download(url: str, sha256: str, recipe_file: Path, logger: logging.LoggerAdapter) -> Path:
+def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter) -> Path:
     """Download once into the cache, keyed by the expected hash; a mismatch deletes the file."""
     target = cache_dir() / "sources" / f"{sha256}-{Path(url).name}"
     if target.exists():
@@ -65,7 +68,7 @@ def _download(url: str, sha256: str, recipe_file: Path, logger: logging.LoggerAd
     digest = file_sha256(Path(partial.name))
     if digest != sha256:
         os.unlink(partial.name)
-        raise ConfigError(recipe_file, "source.sha256", f"{url} has sha256 {digest}, the recipe expects {sha256}", fix="if the new file is trusted, update source.sha256; otherwise the download was tampered with or the URL changed")
+        raise ConfigError(recipe_file, field, f"{url} has sha256 {digest}, the recipe expects {sha256}", fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed")
     os.replace(partial.name, target)
     return target
 

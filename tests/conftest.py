@@ -45,10 +45,10 @@ def recipe_toml(name: str, version: str = "1.0", *, depends_on: tuple[str, ...] 
                 supported: tuple[str, ...] = ("gfx90a", "gfx942"), env: dict[str, str] | None = None) -> str:
     """The text of a small valid recipe (recipes and plan tests)."""
     env_table = "[env]\n" + "".join(f'{key} = "{value}"\n' for key, value in (env or {}).items()) if env else ""
-    return (f'name = "{name}"\nversion = "{version}"\ndepends_on = {list(depends_on)!r}\n'
-            f'[source]\npath = "."\n{env_table}'
+    return (f'name = "{name}"\ndepends_on = {list(depends_on)!r}\n{env_table}'
             f'[targets]\nenv = "PYTORCH_ROCM_ARCH"\nsupported = {list(supported)!r}\n'
-            f'[smoke]\nimports = ["{name.replace("-", "_")}"]\n').replace("'", '"')
+            f'[smoke]\nimports = ["{name.replace("-", "_")}"]\n'
+            f'[versions."{version}".source]\npath = "."\n').replace("'", '"')
 
 
 def offload_args(targets: tuple[str, ...]) -> list[str]:

@@ -65,13 +65,14 @@ def test_unverified_values_warn(recipes_dir):
     ("old", "new", "field", "words"),
     [
         ('rocm = "6.2.4"', 'rocm = "6.4.1"', 'lines.rocm6.2.versions.torch', "torch 2.5.1 requires rocm >=6.1,<6.3, but lines.rocm6.2.rocm = 6.4.1"),
-        ('torchvision = "0.20.1"', 'torchvision = "0.21.0"', "lines.rocm6.2.versions.torchvision", "recipes/torchvision.toml has version = '0.20.1'"),
+        ('torchvision = "0.20.1"', 'torchvision = "0.21.0"', "lines.rocm6.2.versions.torchvision", "0.21.0 is not described in"),
         (f'/rocm/dev{DIGEST}"', '/rocm/dev:6.2.4-complete"', "lines.rocm6.2.builder_image", "not pinned"),
         ('default_line = "rocm6.2"', 'default_line = "rocm9"', "default_line", "not a line"),
         ('targets = ["gfx90a", "gfx942"]', 'targets = ["gfx42"]', "lines.rocm6.2.targets", "gfx42"),
         ('python = ["3.11"]', 'python = ["311"]', "lines.rocm6.2.python", "3.11"),
         ('versions = "==0.20.*"', 'versions = "0.20"', "rules.1.versions", "not a version specifier"),
         ('torch = "2.5.1"\n', "", "lines.rocm6.2.versions.torchvision", "depends on torch"),
+        ('default_line', 'schema_version = 99\ndefault_line', "schema_version", "reads lock schema 1, not 99"),
     ],
 )
 def test_inconsistent_lock_names_both_sides(recipes_dir, old, new, field, words):
@@ -92,6 +93,19 @@ def test_rule_mismatch_between_packages(recipes_dir):
     message = str(caught.value)
     assert "torchvision 0.20.1 requires torch ==2.5.*, but lines.rocm6.2.versions.torch = 2.6.0" in message
     assert "https://example.org/vision-matrix" in message
+
+
+def test_two_lines_pin_two_versions_of_one_recipe(recipes_dir):
+    both = recipe_toml("torch", "2.5.1") + '[versions."2.6.0".source]\npath = "."\n'
+    (recipes_dir / "torch.toml").write_text(both)
+    newer = LOCK.split("[[rules]]")[0].replace('"rocm6.2"', '"rocm6.3"').replace('rocm = "6.2.4"', 'rocm = "6.3.1"').replace('torch = "2.5.1"', 'torch = "2.6.0"')
+    rules = "[[rules]]" + "[[rules]]".join(LOCK.split("[[rules]]")[1:])
+    rules += '\n[[rules]]\npackage = "torch"\nversions = "==2.6.*"\nrequires = { rocm = ">=6.3" }\nsource = "s"\n'
+    rules = rules.replace('requires = { torch = "==2.5.*" }', 'requires = { torch = ">=2.5,<2.7" }')
+    lock = LOCK.split("[[rules]]")[0] + newer.split("\n", 1)[1] + rules
+    assert check(recipes_dir, lock.replace("SOURCE", "x")) == []
+    lock_file = load_lock(recipes_dir)
+    assert {name: line.versions["torch"] for name, line in lock_file.lock.lines.items()} == {"rocm6.2": "2.5.1", "rocm6.3": "2.6.0"}
 
 
 def test_version_no_rule_covers(recipes_dir):

@@ -49,14 +49,14 @@ def plan_for(folder: Path, wanted, arch="gfx90a;gfx942"):
 
 def test_dependencies_come_first(tmp_path):
     folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", ("torch",)), "vllm": recipe("vllm", ("torch", "vision"))})
-    order = [r.name for r in build_order(load_recipes(folder), ["vllm"], folder)]
+    order = [r.name for r in build_order(load_recipes(folder), ["vllm"])]
     assert order == ["torch", "vision", "vllm"]
 
 
 def test_cycle_is_named(tmp_path):
     folder = make_dir(tmp_path, {"a": recipe("a", ("b",)), "b": recipe("b", ("a",))})
     with pytest.raises(ConfigError) as caught:
-        build_order(load_recipes(folder), ["a"], folder)
+        build_order(load_recipes(folder), ["a"])
     assert "a.toml: depends_on: dependency cycle: a -> b -> a" in str(caught.value)
 
 

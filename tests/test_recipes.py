@@ -12,14 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 CANARY = """
 name = "demo"
-version = "1.0"
-[source]
-path = "."
 [targets]
 env = "ARCHS"
 supported = ["gfx90a"]
 [smoke]
 imports = ["demo"]
+[versions."1.0".source]
+path = "."
 """
 
 
@@ -33,10 +32,25 @@ def test_shipped_recipes_load():
     recipes = load_recipes(REPO / "recipes")
     assert "rocm-canary" in recipes
     canary = recipes["rocm-canary"]
-    assert canary.source.path == "rocm-canary"
+    assert canary.versions["0.1.0"].source.path == "rocm-canary"
     assert canary.targets.prefix == "--offload-arch="
     with pytest.raises(Exception):
-        canary.version = "2"  # frozen
+        canary.name = "other"  # frozen
+
+
+def test_version_data_lays_over_the_package(tmp_path):
+    text = CANARY.replace("[smoke]", "[env]\nA = '1'\nB = '2'\n[smoke]") + (
+        '[versions."2.0"]\nenv = { B = "3" }\ntargets = ["gfx942"]\nrequires = ["ninja"]\n'
+        '[versions."2.0".source]\nurl = "https://example.org/demo-2.0.tar.gz"\nsha256 = "' + "a" * 64 + '"\n')
+    (tmp_path / "patches" / "demo" / "2.0").mkdir(parents=True)
+    (tmp_path / "patches" / "demo" / "2.0" / "02-b.patch").write_text("")
+    (tmp_path / "patches" / "demo" / "2.0" / "01-a.patch").write_text("")
+    recipe = load_recipe(write(tmp_path, "demo", text))
+    old, new = recipe.at("1.0", tmp_path), recipe.at("2.0", tmp_path)
+    assert (old.version, old.source.path, old.env, old.targets.supported, old.patches) == ("1.0", ".", {"A": "1", "B": "2"}, ("gfx90a",), ())
+    assert (new.version, new.source.url, new.env, new.targets.supported) == ("2.0", "https://example.org/demo-2.0.tar.gz", {"A": "1", "B": "3"}, ("gfx942",))
+    assert new.build.requires == ("ninja",)
+    assert new.patches == ("patches/demo/2.0/01-a.patch", "patches/demo/2.0/02-b.patch")
 
 
 def test_minimal_recipe(tmp_path):
@@ -50,12 +64,15 @@ def test_minimal_recipe(tmp_path):
     [
         ("name = 'demo'\nversion = ", "", "not valid TOML"),
         ("colour = 'red'\n" + CANARY, "colour", "unknown key"),
-        (CANARY.replace("[source]", "[source]\nbranch = 'main'"), "source.branch", "unknown key"),
-        (CANARY.replace('path = "."', 'url = "https://example.org/demo-1.0.tar.gz"'), "source.sha256", "sha256"),
-        (CANARY.replace('path = "."', 'git = "https://example.org/demo.git"\ncommit = "abc1234"'), "source.commit", "40-hex"),
-        (CANARY.replace('path = "."', 'path = "."\ngit = "https://example.org/x.git"'), "source.path", "exactly one"),
-        (CANARY.replace('version = "1.0"', "version = 1"), "version", "valid string"),
-        (CANARY.replace('version = "1.0"', 'version = "1.0+rocm6.2"'), "version", "local part"),
+        ("version = '1.0'\n" + CANARY, "version", "unknown key"),
+        (CANARY.replace('.source]', '.source]\nbranch = "main"'), "versions.1.0.source.branch", "unknown key"),
+        (CANARY.replace('path = "."', 'url = "https://example.org/demo-1.0.tar.gz"'), "versions.1.0.source.sha256", "sha256"),
+        (CANARY.replace('path = "."', 'git = "https://example.org/demo.git"\ncommit = "abc1234"'), "versions.1.0.source.commit", "40-hex"),
+        (CANARY.replace('path = "."', 'path = "."\ngit = "https://example.org/x.git"'), "versions.1.0.source.path", "exactly one"),
+        (CANARY.replace('path = "."', 'path = "nowhere"'), "versions.1.0.source.path", "does not exist"),
+        (CANARY.replace('[versions."1.0".source]', '[versions."one".source]'), "versions.one", "PEP 440"),
+        (CANARY.replace('[versions."1.0".source]', '[versions."1.0+rocm6.2".source]'), "versions.1.0+rocm6.2", "local part"),
+        ("versions = {}\n" + CANARY.split("[versions")[0], "versions", "at least one version"),
         (CANARY.replace('"gfx90a"]', '"gfx90a", "gfx9000"]'), "targets.supported", "gfx9000"),
         (CANARY.replace("[smoke]", "[env]\nX = '{bogus}'\n[smoke]"), "env.X", "{bogus}"),
         (CANARY.replace("[smoke]\nimports = [\"demo\"]", ""), "smoke", "missing"),
@@ -73,7 +90,7 @@ def test_bad_recipe_names_file_and_field(tmp_path, text, field, words):
 
 
 def test_unknown_dependency(tmp_path):
-    write(tmp_path, "demo", CANARY.replace('version = "1.0"', 'version = "1.0"\ndepends_on = ["torch"]'))
+    write(tmp_path, "demo", 'depends_on = ["torch"]\n' + CANARY)
     with pytest.raises(ConfigError, match=r"demo\.toml: depends_on: unknown recipe 'torch'"):
         load_recipes(tmp_path)
 
@@ -82,3 +99,17 @@ def test_lock_is_not_a_recipe(tmp_path):
     shutil.copy(REPO / "recipes" / "lock.toml", tmp_path / "lock.toml")
     write(tmp_path, "demo", CANARY)
     assert list(load_recipes(tmp_path)) == ["demo"]
+
+
+def test_dependency_cycle(tmp_path):
+    write(tmp_path, "a", 'depends_on = ["b"]\n' + CANARY.replace('"demo"', '"a"'))
+    write(tmp_path, "b", 'depends_on = ["a"]\n' + CANARY.replace('"demo"', '"b"'))
+    with pytest.raises(ConfigError, match=r"a\.toml: depends_on: dependency cycle: a -> b -> a"):
+        load_recipes(tmp_path)
+
+
+def test_two_recipes_one_distribution(tmp_path):
+    write(tmp_path, "demo", CANARY)
+    write(tmp_path, "demo-too", CANARY.replace('name = "demo"', 'name = "demo-too"\ndistribution = "demo"'))
+    with pytest.raises(ConfigError, match=r"demo\.toml: distribution: makes demo wheels, as recipes/demo-too\.toml does"):
+        load_recipes(tmp_path)
