@@ -50,6 +50,7 @@ class Plan:
     line: Line
     targets: tuple[GpuTarget, ...]
     steps: tuple[Step, ...] = field(default=())
+    driver: str = "local"  # "local" (this host) or "container" (the line's builder image)
 
 
 def build_order(recipes: dict[str, RecipeFile], wanted: Sequence[str]) -> list[RecipeFile]:
@@ -79,6 +80,7 @@ def make_plan(
     line: Line,
     targets: tuple[GpuTarget, ...],
     jobs: int | None = None,
+    driver: str = "local",
 ) -> Plan:
     """Order the recipes, check the targets against line and recipes, resolve every value."""
     check_supported(targets, line.targets, what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)")
@@ -91,7 +93,7 @@ def make_plan(
         _step(recipe, line, targets, jobs, tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on))
         for recipe in ordered
     )
-    return Plan(line_name, line, targets, steps)
+    return Plan(line_name, line, targets, steps, driver)
 
 
 def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -> Recipe:
@@ -185,7 +187,7 @@ def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str
         log.warning("warning: %s", warning)
     wanted = _split(recipes) or list(line.versions)
     targets = targets or parse_targets(";".join(line.targets))
-    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets)
+    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets, driver=driver)
 
 
 def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:

@@ -17,7 +17,8 @@ from .errors import ConfigError, RocwheelsError
 from .recipes import Recipe, recipe_path
 
 # Build products a source folder of this repo may hold from a manual build; never copied.
-_IGNORED = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".git")
+IGNORED_NAMES = ("build", "dist", "__pycache__", ".git")
+_IGNORED = shutil.ignore_patterns(*IGNORED_NAMES, "*.egg-info")
 
 
 def cache_dir() -> Path:

@@ -28,6 +28,7 @@ from .analyze import (
     expand_origin,
 )
 from .lock import Line
+from .provenance import check_record
 from .recipes import Recipe, Smoke
 from .rocm_policy import LinkPackage, load_policy
 from .smoke import smoke_test
@@ -86,6 +87,7 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         *_gpu_targets(analysis, expect.targets),
         *_search_paths(analysis, expect),
         *_tags_and_version(analysis, expect.version, expect.platform),
+        _provenance(wheel),
     ]
     if smoke and expect.smoke is not None:
         if any(f.level == ERROR for f in findings):
@@ -96,6 +98,12 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
             findings.append(Finding(WARNING if result.skipped else ERROR if not result.passed else "ok", "smoke", result.message))
     targets = {m.name: m.gpu_targets for m in analysis.members if m.gpu_targets}
     return Report(wheel, tuple(findings), targets)
+
+
+def _provenance(wheel: Path) -> Finding:
+    """A wheel with a provenance record beside it must still be the file that record describes."""
+    ok, message = check_record(wheel)
+    return Finding("ok" if ok else ERROR, "provenance", message)
 
 
 def _rocm_inside(analysis: WheelAnalysis) -> list[Finding]:

@@ -17,11 +17,13 @@ from rich.console import Console
 from rich.table import Table
 
 from .build import BuiltWheel, build_local, find_wheels
+from .host import host_rocm_version
 from .errors import RocwheelsError
 from .layout import Layout, fresh_dir
 from .log import recipe_logger
 from .plan import Plan, Step
 from .progress import long_step
+from .provenance import fingerprints, is_current, record_path, write_record
 from .repair import repair_wheel
 from .verify import expectations_for, format_report, verify_wheel
 
@@ -43,19 +45,27 @@ def local_driver(step: Step, layout: Layout, on_output: Callable[[str], None]) -
 
 
 def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, force: bool = False) -> list[Outcome]:
+    """Build what is not up to date: a recipe whose wheels' provenance matches its fingerprint
+    is skipped; any change to its inputs (or its dependencies') rebuilds it."""
     outcomes: dict[str, Outcome] = {}
+    prints = fingerprints(plan, layout.recipes_dir)
     for step in plan.steps:
         failed_deps = [d for d in step.recipe.depends_on if outcomes[d].status in ("failed", "skipped")]
         if failed_deps:
             outcomes[step.name] = Outcome(step.name, "skipped", detail=f"needs {', '.join(failed_deps)}")
             continue
+        fingerprint, inputs = prints[step.name]
         existing = find_wheels(layout.wheelhouse, step.recipe.dist_name, step.wheel_version)
-        if existing and not force:
-            outcomes[step.name] = Outcome(step.name, "up to date", tuple(existing), detail="already in the wheelhouse (--force rebuilds)")
+        if existing and not force and all(is_current(wheel, fingerprint) for wheel in existing):
+            outcomes[step.name] = Outcome(step.name, "up to date", tuple(existing), detail=f"same inputs (fingerprint {fingerprint[:12]}; --force rebuilds)")
             continue
+        if existing and not force:
+            recipe_logger(step.name).info("inputs changed since %s was built: rebuilding", ", ".join(w.name for w in existing))
         started = time.monotonic()
         try:
             wheels, note = _one_recipe(plan, step, layout, driver)
+            for wheel in wheels:
+                write_record(wheel, fingerprint, inputs, _toolchain(plan))
             outcomes[step.name] = Outcome(step.name, "built", wheels, time.monotonic() - started, note)
         except RocwheelsError as exc:
             recipe_logger(step.name).error("failed: %s", exc)
@@ -98,7 +108,15 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
     for stale in set(find_wheels(layout.wheelhouse, recipe.dist_name, step.wheel_version)) - set(accepted):
         logger.info("removing %s, replaced by this build", stale.name)
         stale.unlink()
+        record_path(stale).unlink(missing_ok=True)
     return accepted, built.note
+
+
+def _toolchain(plan: Plan) -> dict[str, str]:
+    """What compiled the wheel: the builder image, or this host's HIP release."""
+    if plan.driver == "container":
+        return {"driver": "container", "builder_image": plan.line.builder_image}
+    return {"driver": "local", "hip": host_rocm_version() or "unknown"}
 
 
 def _accept(wheel: Path, wheelhouse: Path) -> Path:
@@ -106,6 +124,8 @@ def _accept(wheel: Path, wheelhouse: Path) -> Path:
     wheelhouse.mkdir(parents=True, exist_ok=True)
     final = wheelhouse / wheel.name
     partial = wheelhouse / f".{wheel.name}.partial"
+    # The record of a wheel this one replaces must not outlive it (make_wheels writes the new one).
+    record_path(final).unlink(missing_ok=True)
     try:
         os.replace(wheel, final)
     except OSError:  # another file system: copy beside the target, then rename
