@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from .plan import (
     Plan,
     describe,
     label_aliases,
+    plan_document,
     select_plan,
     wheel_origin,
     wheel_version,
@@ -44,6 +46,8 @@ def target_options(command):
                            help="GPU targets: gfx942, 'gfx90a;gfx942' or gfx90a,gfx942")(command)
     command = click.option("--recipes", default=None,
                            help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
+    command = click.option("--jobs", type=click.IntRange(min=1), default=None, envvar="ROCWHEELS_JOBS",
+                           help="parallel compile jobs ({jobs} in recipes); default: this machine's cores")(command)
     return command
 
 
@@ -80,17 +84,19 @@ def lock_check(obj: Context) -> None:
 @cli.command("plan")
 @target_options
 @click.pass_obj
-def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="the plan as JSON, for machines (CI)")
+def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, as_json: bool) -> None:
     """Print the ordered build steps with their environment and commands; runs nothing."""
-    click.echo(describe(select_plan(obj.layout, recipes, arch, rocm, driver)))
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    click.echo(json.dumps(plan_document(plan), indent=2) if as_json else describe(plan))
 
 
 @cli.command("build")
 @target_options
 @click.pass_obj
-def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str) -> None:
+def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
     build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
         built = build(step, obj.layout, lambda line: None)
@@ -107,11 +113,11 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 @target_options
 @click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
 @click.pass_obj
-def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, force: bool) -> None:
+def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, force: bool) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from .wheels import make_wheels, summary_table
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
     outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):

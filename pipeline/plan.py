@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
@@ -84,9 +85,8 @@ def make_plan(
 ) -> Plan:
     """Order the recipes, check the targets against line and recipes, resolve every value."""
     check_supported(targets, line.targets, what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)")
-    ordered = [at_line(recipe, line_name, line, recipes_dir) for recipe in build_order(recipes, wanted)]
-    for recipe in ordered:
-        check_supported(targets, recipe.targets.supported, what=f"recipe {recipe.name} {recipe.version} ({recipe_path(recipes_dir, recipe.name)} targets.supported)")
+    ordered = [for_targets(at_line(recipe, line_name, line, recipes_dir), targets, recipes_dir)
+               for recipe in build_order(recipes, wanted)]
     by_name = {recipe.name: recipe for recipe in ordered}
     jobs = jobs or os.cpu_count() or 1
     steps = tuple(
@@ -111,9 +111,26 @@ def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -
     return recipe.at(version, recipes_dir)
 
 
+def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Path) -> Recipe:
+    """The recipe as it builds for ``targets``: its fallback when they leave ``supported`` for it."""
+    where = f"recipe {recipe.name} {recipe.version} ({recipe_path(recipes_dir, recipe.name)} targets.supported)"
+    fallback = recipe.targets.fallback
+    if fallback is None or all(t.processor in recipe.targets.supported for t in targets):
+        check_supported(targets, recipe.targets.supported, what=where)
+        return recipe
+    check_supported(targets, (*recipe.targets.supported, *fallback.supported), what=where + " or its targets.fallback")
+    log.info("%s: %s need targets.fallback (%s)", recipe.name, ", ".join(str(t) for t in targets if t.processor not in recipe.targets.supported),
+             " ".join(f"{k}={v}" for k, v in fallback.env.items()))
+    return recipe.model_copy(update={
+        "env": {**recipe.env, **fallback.env},
+        "smoke": recipe.smoke.model_copy(update={"env": {**recipe.smoke.env, **fallback.env}}),
+        "gpu_code": fallback.gpu_code,
+    })
+
+
 def _rocm_values(line: Line) -> dict[str, str]:
     parts = line.rocm.split(".")
-    return {"rocm": line.rocm, "rocm_short": ".".join(parts[:2]), "rocm_digits": "".join(parts)[:3]}
+    return {"rocm": line.rocm, "rocm_short": ".".join(parts[:2]), "rocm_digits": "".join(parts)[:3], "rocm_short_digits": "".join(parts[:2])}
 
 
 def wheel_version(recipe: Recipe, line: Line) -> str:
@@ -166,11 +183,42 @@ def describe(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def plan_document(plan: Plan) -> dict[str, Any]:
+    """The plan for machines (``rocwheels plan --json``, CI): everything a build of it runs."""
+    return {
+        "line": plan.line_name,
+        "rocm": plan.line.rocm,
+        "local_version": plan.line.local_version,
+        "builder_image": plan.line.builder_image,
+        "platform": plan.line.platform,
+        "driver": plan.driver,
+        "targets": [str(target) for target in plan.targets],
+        "python": list(plan.line.python) if plan.driver == "container" else [f"{sys.version_info.major}.{sys.version_info.minor}"],
+        "steps": [
+            {
+                "name": step.name,
+                "distribution": step.recipe.dist_name,
+                "version": step.recipe.version,
+                "wheel_version": step.wheel_version,
+                "source": step.recipe.source.model_dump(exclude_defaults=True),
+                "patches": list(step.recipe.patches),
+                "depends_on": list(step.recipe.depends_on),
+                "dependencies": [f"{name}=={version}" for name, version in step.dependencies],
+                "environment": step.env,
+                "requires": list(step.recipe.build.requires),
+                "commands": [*step.pre, f"python -m build {' '.join(step.build_args)}"],
+                "gpu_code": step.recipe.gpu_code,
+            }
+            for step in plan.steps
+        ],
+    }
+
+
 def _split(value: str | None) -> list[str]:
     return [part for part in re.split(r"[;,\s]+", value or "") if part]
 
 
-def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str) -> Plan:
+def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str, jobs: int | None = None) -> Plan:
     """Everything checked before anything runs: recipes, lock, line, targets, order.
 
     ``arch`` None means every target the line's compiler takes (the demo).
@@ -187,7 +235,7 @@ def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str
         log.warning("warning: %s", warning)
     wanted = _split(recipes) or list(line.versions)
     targets = targets or parse_targets(";".join(line.targets))
-    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets, driver=driver)
+    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets, jobs=jobs, driver=driver)
 
 
 def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:

@@ -23,11 +23,14 @@ PLACEHOLDERS = {
     "rocm": "the lock line's ROCm release, e.g. 6.2.4",
     "rocm_short": "major.minor of the ROCm release, e.g. 6.2",
     "rocm_digits": "the first three digits of the ROCm release, e.g. 624",
+    "rocm_short_digits": "the digits of major.minor of the ROCm release, e.g. 72 for 7.2.1",
     "rocm_path": "the ROCm install prefix, e.g. /opt/rocm",
     "targets": "the GPU targets in the recipe's own format ([targets] separator/prefix)",
     "jobs": "parallel compile jobs",
 }
 
+# What a +local label may be made of: the lock line's ROCm release only.
+_LABEL_PLACEHOLDERS = ("rocm", "rocm_short", "rocm_digits", "rocm_short_digits")
 LOCK_FILE = "lock.toml"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -70,6 +73,15 @@ class Build(Model):
     requires: tuple[str, ...] = ()
 
 
+class Fallback(Model):
+    """Another way to build the package for targets ``supported`` does not cover (flash-attention:
+    its Triton backend where the CK kernels have no RDNA code)."""
+
+    supported: Annotated[tuple[str, ...], AfterValidator(known_processor_list)]
+    env: dict[str, str]  # set for the build and for the smoke test
+    gpu_code: StrictBool = True  # False: the wheel carries no GPU code objects (kernels compiled at run time)
+
+
 class Targets(Model):
     """How the recipe receives GPU targets, and which it supports."""
 
@@ -77,6 +89,7 @@ class Targets(Model):
     separator: str = ";"
     prefix: str = ""
     supported: Annotated[tuple[str, ...], AfterValidator(known_processor_list)]
+    fallback: Fallback | None = None
 
 
 class Repair(Model):
@@ -103,17 +116,20 @@ class Smoke(Model):
     imports: tuple[str, ...]
     code: str | None = None
     gpu_code: str | None = None
+    env: dict[str, str] = {}  # set before anything is imported (a backend switch read at import)
 
     def snippets(self, *, gpu: bool) -> list[str]:
         """The Python snippets to run, in order (``gpu_code`` only where a GPU is present)."""
         codes = (self.code, self.gpu_code if gpu else None)
-        return [f"import {module}" for module in self.imports] + [code for code in codes if code]
+        setup = f"import os; os.environ.update({dict(sorted(self.env.items()))!r}); " if self.env else ""
+        return [f"{setup}import {module}" for module in self.imports] + [setup + code for code in codes if code]
 
 
 class Release(Model):
     """What one version of a package needs: its pinned source and what differs from the package-wide data."""
 
     source: Source
+    local_version: str | None = None  # overrides the recipe's local_version
     env: dict[str, str] = {}  # added to, or overriding, the recipe's [env]
     requires: tuple[str, ...] = ()  # build requirements of this version, on top of [build] requires
     targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)] | None = None  # overrides [targets] supported
@@ -124,6 +140,13 @@ class Release(Model):
         for key, value in env.items():
             _check_placeholders(value, key)
         return env
+
+    @field_validator("local_version")
+    @classmethod
+    def _label_placeholders(cls, label: str | None) -> str | None:
+        if label is not None:
+            _check_placeholders(label, "", allowed=_LABEL_PLACEHOLDERS)
+        return label
 
 
 class RecipeFile(Model):
@@ -162,7 +185,7 @@ class RecipeFile(Model):
     @field_validator("local_version")
     @classmethod
     def _label_placeholders(cls, label: str) -> str:
-        _check_placeholders(label, "", allowed=("rocm", "rocm_short", "rocm_digits"))
+        _check_placeholders(label, "", allowed=_LABEL_PLACEHOLDERS)
         return label
 
     @field_validator("env")
@@ -189,7 +212,7 @@ class RecipeFile(Model):
         release = self.versions[version]
         patches = patches_dir(recipes_dir, self.name, version)
         return Recipe(
-            name=self.name, version=version, distribution=self.distribution, local_version=self.local_version,
+            name=self.name, version=version, distribution=self.distribution, local_version=release.local_version or self.local_version,
             description=self.description, source=release.source,
             build=self.build.model_copy(update={"requires": (*self.build.requires, *release.requires)}),
             env={**self.env, **release.env},
@@ -215,6 +238,7 @@ class Recipe(Model):
     repair: Repair = Repair()
     smoke: Smoke
     patches: tuple[str, ...] = ()  # relative to the recipes folder, applied in this order
+    gpu_code: bool = True  # False when built by a targets.fallback that compiles no GPU code
 
     @property
     def dist_name(self) -> str:

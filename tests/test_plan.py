@@ -1,5 +1,7 @@
 """Plans: dependency order, cycles, target checks and resolved environments."""
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -114,4 +116,50 @@ def test_label_aliases_of_the_shipped_lock():
     from pipeline.layout import Layout
     from pipeline.plan import label_aliases
 
-    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2"}
+    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2", "rocm72": "rocm7.2"}
+
+
+def test_fallback_takes_over_for_targets_the_recipe_lacks(tmp_path):
+    fallback = recipe("fa", supported=("gfx942",)).replace(
+        "[smoke]", '[targets.fallback]\nsupported = ["gfx1100"]\nenv = { TRITON_BACKEND = "TRUE" }\ngpu_code = false\n[smoke]')
+    folder = make_dir(tmp_path, {"fa": fallback})
+    (plain,) = plan_for(folder, ["fa"], arch="gfx942").steps
+    assert "TRITON_BACKEND" not in plain.env and plain.recipe.gpu_code and not plain.recipe.smoke.env
+    (rdna,) = plan_for(folder, ["fa"], arch="gfx942;gfx1100").steps
+    assert rdna.env["TRITON_BACKEND"] == "TRUE" and not rdna.recipe.gpu_code
+    assert rdna.recipe.smoke.env == {"TRITON_BACKEND": "TRUE"}
+    assert all(snippet.startswith("import os; os.environ.update({'TRITON_BACKEND': 'TRUE'}); ") for snippet in rdna.recipe.smoke.snippets(gpu=False))
+    with pytest.raises(RocwheelsError, match="gfx90a not supported by recipe fa .* or its targets.fallback"):
+        plan_for(folder, ["fa"], arch="gfx90a;gfx1100")
+
+
+def test_shipped_flash_attention_picks_its_backend_by_target():
+    def step(arch):
+        result = run_cli("plan", "--json", "--rocm", "rocm7.2", "--arch", arch, "--recipes", "flash-attention")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)["steps"][-1]
+
+    assert "FLASH_ATTENTION_TRITON_AMD_ENABLE" not in step("gfx90a;gfx942")["environment"]
+    rdna = step("gfx942;gfx1100")
+    assert rdna["environment"]["FLASH_ATTENTION_TRITON_AMD_ENABLE"] == "TRUE" and rdna["gpu_code"] is False
+
+
+EXPECTED_PLANS = REPO / "tests" / "expected-plans"
+
+
+@pytest.mark.parametrize("line_name", list(load_lock(REPO / "recipes").lock.lines))
+def test_expected_plan_of_every_line(line_name):
+    """A change to any recipe or pin shows up as a reviewed diff of tests/expected-plans/.
+
+    Regenerate with ROCWHEELS_UPDATE_PLANS=1 pytest tests/test_plan.py.
+    """
+    line = load_lock(REPO / "recipes").line(line_name)
+    arch = "gfx942" if "gfx942" in line.targets else line.targets[0]
+    result = run_cli("plan", "--json", "--driver", "container", "--jobs", "8", "--rocm", line_name, "--arch", arch)
+    assert result.returncode == 0, result.stderr
+    expected = EXPECTED_PLANS / f"{line_name}-{arch}.json"
+    if os.environ.get("ROCWHEELS_UPDATE_PLANS"):
+        expected.parent.mkdir(exist_ok=True)
+        expected.write_text(result.stdout)
+    assert expected.is_file(), f"no {expected}: run ROCWHEELS_UPDATE_PLANS=1 pytest {__file__}"
+    assert json.loads(result.stdout) == json.loads(expected.read_text()), f"the plan of {line_name} changed: review it, then regenerate {expected}"
