@@ -79,10 +79,13 @@ def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: 
     for name, version in step.dependencies:
         accepted_wheels(layout.wheelhouse, name, version)  # fail early and clearly if one is missing
     # pip picks the dependency wheel matching this Python from the wheelhouse.
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    if step.constraints:
+        # The line's locked build environment, every file hash-checked; what follows is satisfied by it.
+        run([*pip, "--require-hashes", "--no-deps", "-r", step.constraints], log_file=log_file, logger=logger)
     pins = [f"{name}=={version}" for name, version in step.dependencies]
     links = ["--find-links", layout.wheelhouse] if pins else []
-    run([venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q", *links,
-         "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)
+    run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)
     return venv
 
 

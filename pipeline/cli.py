@@ -12,6 +12,7 @@ import click
 
 from . import lock as lockmod
 from .errors import RocwheelsError
+from .constraints import check_constraints, compile_constraints
 from .layout import Layout
 from .log import setup_logging
 from .plan import (
@@ -77,8 +78,23 @@ def lock_check(obj: Context) -> None:
     lock_file = lockmod.load_lock(obj.layout.recipes_dir)
     for warning in lockmod.check_lock(lock_file, recipes):
         click.echo(f"warning: {warning}", err=True)
+    for line_name in lock_file.lock.lines:
+        check_constraints(recipes, lock_file, line_name)
     lines = ", ".join(f"{name} (ROCm {line.rocm}: {len(line.versions)} recipes)" for name, line in lock_file.lock.lines.items())
     click.echo(f"{lock_file.path}: consistent; lines: {lines}")
+
+
+@lock_group.command("constraints")
+@click.option("--rocm", "rocm", default=None, help="one line (default: every line)")
+@click.pass_obj
+def lock_constraints(obj: Context, rocm: str | None) -> None:
+    """Resolve each line's build requirements with hashes into recipes/constraints/<line>.txt."""
+    recipes = load_recipes(obj.layout.recipes_dir)
+    lock_file = lockmod.load_lock(obj.layout.recipes_dir)
+    lockmod.check_lock(lock_file, recipes)
+    for line_name in [rocm] if rocm else list(lock_file.lock.lines):
+        lock_file.line(line_name)  # an unknown name is an error before anything is resolved
+        click.echo(f"{line_name}: {compile_constraints(recipes, lock_file, line_name)}")
 
 
 @cli.command("plan")

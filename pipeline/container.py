@@ -53,6 +53,7 @@ CONTAINER_PROJECT = "/project"
 CONTAINER_CCACHE = "/ccache"
 # In the source tree copied into the container; a name no build backend takes for a package.
 HELPERS = ".rocwheels"
+CONSTRAINTS = "build-constraints.txt"  # the line's build-environment lock, in HELPERS
 # ccache started under the name ``hipcc`` runs the real hipcc found on PATH through the cache;
 # before-build.sh makes this link, HIPCC points builds that honour it (the canary) at it.
 CCACHE_HIPCC = "/tmp/rocwheels-ccache/hipcc"
@@ -224,6 +225,9 @@ def before_build_script(step: Step) -> str:
         f'mkdir -p {shlex.quote(os.path.dirname(CCACHE_HIPCC))}',
         f'ln -sf "$ccache_bin" {shlex.quote(CCACHE_HIPCC)}',
     ]
+    if step.constraints:
+        # The line's locked build environment (staged beside this script), every file hash-checked.
+        lines.append(f'python -m pip install --disable-pip-version-check --require-hashes --no-deps -r "$(dirname "$0")/{CONSTRAINTS}"')
     if installs:
         lines.append(f"python -m pip install --disable-pip-version-check {shlex.join(installs)}")
     # As the local driver runs them: each in its own bash, from the package folder.
@@ -268,6 +272,8 @@ def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool) -> None
     for name, version in step.dependencies:
         for wheel in accepted_wheels(layout.wheelhouse, name, version):
             shutil.copy2(wheel, deps)
+    if step.constraints:
+        shutil.copy2(step.constraints, helpers / CONSTRAINTS)
     (helpers / "before-build.sh").write_text(before_build_script(step))
     (helpers / "smoke.sh").write_text(smoke_script(step.recipe.smoke, gpu=gpu))
 

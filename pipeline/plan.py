@@ -18,6 +18,7 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from . import lock as lockmod
+from .constraints import check_constraints
 from .errors import ConfigError, RocwheelsError
 from .host import host_rocm_version
 from .layout import Layout
@@ -39,6 +40,8 @@ class Step:
     build_args: tuple[str, ...]
     # (distribution, exact wheel version) of each depends_on recipe, installed before the build.
     dependencies: tuple[tuple[str, str], ...] = ()
+    # The line's build-environment lock (recipes/constraints/<line>.txt), installed hash-checked first.
+    constraints: Path | None = None
 
     @property
     def name(self) -> str:
@@ -82,6 +85,7 @@ def make_plan(
     targets: tuple[GpuTarget, ...],
     jobs: int | None = None,
     driver: str = "local",
+    constraints: Path | None = None,
 ) -> Plan:
     """Order the recipes, check the targets against line and recipes, resolve every value."""
     check_supported(targets, line.targets, what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)")
@@ -90,7 +94,7 @@ def make_plan(
     by_name = {recipe.name: recipe for recipe in ordered}
     jobs = jobs or os.cpu_count() or 1
     steps = tuple(
-        _step(recipe, line, targets, jobs, tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on))
+        _step(recipe, line, targets, jobs, tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on), constraints)
         for recipe in ordered
     )
     return Plan(line_name, line, targets, steps, driver)
@@ -138,7 +142,8 @@ def wheel_version(recipe: Recipe, line: Line) -> str:
     return f"{recipe.version}+{recipe.local_version.format_map(_rocm_values(line))}"
 
 
-def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int, dependencies: tuple[tuple[str, str], ...]) -> Step:
+def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int, dependencies: tuple[tuple[str, str], ...],
+          constraints: Path | None) -> Step:
     version = wheel_version(recipe, line)
     values = {
         **_rocm_values(line),
@@ -155,7 +160,7 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
     }
     pre = tuple(command.format_map(values) for command in recipe.build.pre)
     args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
-    return Step(recipe, version, env, pre, args, dependencies)
+    return Step(recipe, version, env, pre, args, dependencies, constraints)
 
 
 def describe(plan: Plan) -> str:
@@ -175,6 +180,8 @@ def describe(plan: Plan) -> str:
             lines.append(f"   after: {', '.join(recipe.depends_on)} (their wheels installed into the build environment)")
         lines.append("   environment:")
         lines += [f"     {key}={value}" for key, value in step.env.items()]
+        if step.constraints:
+            lines.append(f"   build environment: {step.constraints} (hash-checked)")
         if step.pre:
             lines.append("   pre-build:")
             lines += [f"     $ {command}" for command in step.pre]
@@ -206,6 +213,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
                 "dependencies": [f"{name}=={version}" for name, version in step.dependencies],
                 "environment": step.env,
                 "requires": list(step.recipe.build.requires),
+                "constraints": str(step.constraints.relative_to(step.constraints.parents[1])) if step.constraints else None,
                 "commands": [*step.pre, f"python -m build {' '.join(step.build_args)}"],
                 "gpu_code": step.recipe.gpu_code,
             }
@@ -233,9 +241,10 @@ def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str
     line_name, line = lockmod.select_line(lock_file, rocm, host)
     for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
         log.warning("warning: %s", warning)
+    constraints = check_constraints(all_recipes, lock_file, line_name)
     wanted = _split(recipes) or list(line.versions)
     targets = targets or parse_targets(";".join(line.targets))
-    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets, jobs=jobs, driver=driver)
+    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets, jobs=jobs, driver=driver, constraints=constraints)
 
 
 def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:

@@ -58,17 +58,17 @@ def record_path(wheel: Path) -> Path:
     return wheel.with_name(wheel.name + SUFFIX)
 
 
-def fingerprints(plan: Plan, recipes_dir: Path, constraints: Path | None = None) -> dict[str, tuple[str, dict[str, Any]]]:
+def fingerprints(plan: Plan, recipes_dir: Path) -> dict[str, tuple[str, dict[str, Any]]]:
     """Each step's (fingerprint, inputs), dependencies first (the plan's order)."""
     result: dict[str, tuple[str, dict[str, Any]]] = {}
     for step in plan.steps:
-        inputs = _inputs(plan, step, recipes_dir, constraints)
+        inputs = _inputs(plan, step, recipes_dir)
         inputs["depends_on"] = {dep: result[dep][0] for dep in step.recipe.depends_on}
         result[step.name] = (_digest(inputs), inputs)
     return result
 
 
-def _inputs(plan: Plan, step: Step, recipes_dir: Path, constraints: Path | None) -> dict[str, Any]:
+def _inputs(plan: Plan, step: Step, recipes_dir: Path) -> dict[str, Any]:
     recipe = step.recipe
     source = recipe.source
     inputs: dict[str, Any] = {
@@ -79,7 +79,7 @@ def _inputs(plan: Plan, step: Step, recipes_dir: Path, constraints: Path | None)
         "targets": [str(target) for target in plan.targets],
         "driver": plan.driver,
         "patches": {patch: file_sha256(recipes_dir / patch) for patch in recipe.patches},
-        "constraints": file_sha256(constraints) if constraints and constraints.is_file() else None,
+        "constraints": file_sha256(step.constraints) if step.constraints else None,
         "rocwheels": rocwheels_version(),
     }
     if source.path:
