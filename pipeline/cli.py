@@ -51,6 +51,18 @@ def target_options(command):
     return command
 
 
+def engine_option(command):
+    from .engine import ENGINES
+
+    return click.option("--engine", "engine_name", type=click.Choice(ENGINES), default=None, envvar="ROCWHEELS_ENGINE",
+                        help="container engine (default: podman if it works, else docker)")(command)
+
+
+def rocm_line_option(command):
+    return click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None,
+                        help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--recipes-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("recipes"), show_default=True, envvar="ROCWHEELS_RECIPES")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False), default=Path("wheelhouse"), show_default=True, envvar="ROCWHEELS_WHEELHOUSE")
@@ -79,6 +91,20 @@ def lock_check(obj: Context) -> None:
         click.echo(f"warning: {warning}", err=True)
     lines = ", ".join(f"{name} (ROCm {line.rocm}: {len(line.versions)} recipes)" for name, line in lock_file.lock.lines.items())
     click.echo(f"{lock_file.path}: consistent; lines: {lines}")
+
+
+@lock_group.command("pin")
+@rocm_line_option
+@click.option("--refresh", is_flag=True, help="pull the tag again even when the image is pinned already")
+@engine_option
+@click.pass_obj
+def lock_pin(obj: Context, rocm: str | None, refresh: bool, engine_name: str | None) -> None:
+    """Pull the line's registry builder image and write it into the lock by digest."""
+    from .engine import detect_engine
+    from .pin import pin_line
+
+    result = pin_line(obj.layout.recipes_dir, rocm, lambda: detect_engine(engine_name), refresh=refresh)
+    click.echo(f"lines.{result.line}: {result.status}: {result.image}")
 
 
 @cli.command("plan")
@@ -284,18 +310,6 @@ def demo_command(obj: Context, arch: str | None) -> None:
     for step in steps:
         table.add_row(step.name, step.result, f"{step.seconds:.1f} s" if step.seconds else "")
     Console().print(table)
-
-
-def engine_option(command):
-    from .engine import ENGINES
-
-    return click.option("--engine", "engine_name", type=click.Choice(ENGINES), default=None, envvar="ROCWHEELS_ENGINE",
-                        help="container engine (default: podman if it works, else docker)")(command)
-
-
-def rocm_line_option(command):
-    return click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None,
-                        help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")(command)
 
 
 @cli.group("image")
