@@ -19,6 +19,7 @@ import pytest
 
 from pipeline.cmd import run
 from pipeline.engine import Engine
+from pipeline.image import image_id
 from pipeline.lock import load_lock
 from pipeline.pin import PIN_NOTE, ImageRef
 
@@ -110,11 +111,12 @@ def pushed(registry: str, insecure_registries: None, podman_engine: Engine,
     env = podman_engine.env
     run(podman_engine.command("import", root / "rootfs.tar", local), env=env)
     run(podman_engine.command("push", "--tls-verify=false", local, remote), env=env)
+    made = image_id(podman_engine, local)
     try:
         yield remote
     finally:
-        for name in (local, remote):
-            run(podman_engine.command("rmi", "--force", name), env=env, check=False)
+        # By ID: the pin's pull by digest adds names of its own.
+        run(podman_engine.command("rmi", "--force", made), env=env)
 
 
 def registry_digest(image: str) -> str:
