@@ -331,8 +331,8 @@ def image_build(obj: Context, rocm: str | None, engine_name: str | None) -> None
 
 
 @image_group.command("base")
-@click.option("--suite", type=click.Choice(("bookworm", "trixie")), required=True,
-              help="bookworm: HIP 5.2 (gfx90a, gfx940); trixie: HIP 5.7 (also gfx942)")
+@click.option("--suite", type=click.Choice(("bookworm", "trixie", "sid")), required=True,
+              help="bookworm: HIP 5.2 (gfx90a, gfx940); trixie: HIP 5.7 (also gfx942); sid: HIP 6.4, hipcc 7 (also gfx950, compressed bundles)")
 @engine_option
 @click.pass_obj
 def image_base(obj: Context, suite: str, engine_name: str | None) -> None:
