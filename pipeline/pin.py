@@ -93,6 +93,9 @@ def pin_line(recipes_dir: Path, line_name: str | None, engine_factory: Callable[
     ref = ImageRef.parse(line.builder_image)
     if ref.digest and not refresh:
         return PinResult(name, line.builder_image, "already pinned")
+    if ref.digest and ref.tag is None:
+        raise RocwheelsError(f"{lock_file.path}: lines.{name}.builder_image {line.builder_image} names no tag to pull again",
+                             fix=f"write it as name:tag@sha256:... to follow a tag, then run `rocwheels lock pin --rocm {name} --refresh`")
     engine: Engine = engine_factory()
     digest = pulled_digest(engine, ref, lock_file.path, name)
     image = ref.pinned(digest)
@@ -155,10 +158,14 @@ def _short_name(repository: str) -> str:
 
 
 def _earlier_source(source: str) -> str:
+    """What image_source said about the tag before any pin, without the unverified mark and the
+    advice to run this command."""
     if source.startswith(PIN_NOTE):
         return source.partition(_EARLIER)[2]
     text = source.strip()
-    return text[len(UNVERIFIED):].lstrip(" :") if text.lower().startswith(UNVERIFIED) else text
+    if text.lower().startswith(UNVERIFIED):
+        text = text[len(UNVERIFIED):].lstrip(" :")
+    return "; ".join(part for part in text.split("; ") if "rocwheels lock pin" not in part)
 
 
 def write_pin(lock_path: Path, line_name: str, image: str, source: str) -> None:

@@ -47,7 +47,7 @@ rocm-canary = "0.1.0"
 [lines."reg.1"]
 rocm = "6.2.4"
 builder_image = "IMAGE"
-image_source = "unverified: tag named in the vendor's build script"
+image_source = "unverified: tag named in the vendor's build script; no digest published - pin it with `rocwheels lock pin --rocm reg.1`"
 python = ["3.12"]
 targets = ["gfx942"]
 
@@ -159,7 +159,7 @@ def test_pin_writes_the_digest_the_registry_serves_and_keeps_the_file(pushed: st
     image_line, source_line = [line for line in changed_lines(before, after) if line.startswith("+")]
     assert image_line == f'+builder_image = "{pushed}@{digest}"'
     assert source_line.startswith(f'+image_source = "{PIN_NOTE} on ')
-    assert f"from {ImageRef.parse(pushed).registry} (tag {pushed}); before pinning: tag named in" in source_line
+    assert source_line.endswith(f' from {ImageRef.parse(pushed).registry} (tag {pushed}); before pinning: tag named in the vendor\'s build script"')
     assert len(changed_lines(before, after)) == 4, "only builder_image and image_source change"
     line = load_lock(recipes).line("reg.1")
     assert line.pinned and line.builder_image == f"{pushed}@{digest}"
@@ -231,3 +231,10 @@ def test_images_built_here_need_no_pin_and_no_engine(tmp_path: Path) -> None:
 def test_image_references_split_as_engines_read_them(text: str, registry: str, by_tag: str, digest: str | None) -> None:
     ref = ImageRef.parse(text)
     assert (ref.registry, ref.by_tag, ref.digest) == (registry, by_tag, digest)
+
+
+def test_refreshing_a_pin_without_a_tag_is_refused(tmp_path: Path) -> None:
+    recipes = lock_dir(tmp_path, "registry.example/rocm/dev@sha256:" + "0" * 64)
+    result = rocwheels(recipes, "--rocm", "reg.1", "--refresh", path=str(tmp_path))
+    assert result.returncode == 1
+    assert "names no tag to pull again" in result.stderr and "name:tag@sha256:" in result.stderr
