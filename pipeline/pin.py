@@ -18,7 +18,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import date
+from datetime import datetime, timezone
 from pathlib import Path
 
 import tomlkit
@@ -79,7 +79,7 @@ class PinResult:
 
 
 def pin_line(recipes_dir: Path, line_name: str | None, engine_factory: Callable[[], Engine], *,
-             refresh: bool = False, today: date | None = None) -> PinResult:
+             refresh: bool = False) -> PinResult:
     """Pin the builder image of ``line_name`` (default: the lock's default line) in the lock.
 
     An image already pinned is left alone unless ``refresh`` (then its tag is pulled again).
@@ -101,7 +101,7 @@ def pin_line(recipes_dir: Path, line_name: str | None, engine_factory: Callable[
     image = ref.pinned(digest)
     if image == line.builder_image:
         return PinResult(name, image, "unchanged")
-    source = f"{PIN_NOTE} on {(today or date.today()).isoformat()} from {ref.registry} (tag {ref.by_tag})"
+    source = f"{PIN_NOTE} on {datetime.now(timezone.utc).date().isoformat()} from {ref.registry} (tag {ref.by_tag})"
     earlier = _earlier_source(line.image_source)
     write_pin(lock_file.path, name, image, source + (_EARLIER + earlier if earlier else ""))
     return PinResult(name, image, "pinned")
@@ -136,7 +136,7 @@ def pulled_digest(engine: Engine, ref: ImageRef, lock_path: Path, line_name: str
 
 def _repo_digests(engine: Engine, ref: ImageRef) -> list[str]:
     """The digests the engine recorded for the image under ``ref``'s repository, podman's
-    own ``.Digest`` (the manifest it pulled last) first."""
+    ``.Digest`` first (the image's primary manifest: usually, not always, the one just pulled)."""
 
     def inspect(template: str) -> str:
         return run(engine.command("image", "inspect", "--format", template, ref.by_tag), env=engine.env, quiet=True).output.strip()
