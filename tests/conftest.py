@@ -281,7 +281,7 @@ def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
 # Made once each by docker/test-base/make-base.sh (needs root, debootstrap and the Debian mirror),
 # then reused. Debian 13's HIP 5.7 (clang 17) compiles gfx942, python3 3.13 (~90 s, ~1 GB);
 # Debian sid's hipcc 7 (clang 21, HIP 6.4) also gfx950 and writes compressed offload bundles,
-# python3 3.14 (~2 min, ~1.2 GB). The lock's debian13 and debian-sid lines describe them.
+# python3 3.14 (~6 min on a busy 2-core host, ~1.2 GB). The lock's debian13 and debian-sid lines describe them.
 TRIXIE_BASE = "localhost/rocwheels-test-base:trixie"
 SID_BASE = "localhost/rocwheels-test-base:sid"
 
