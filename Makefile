@@ -13,8 +13,9 @@ DRIVER ?= container
 ROCM ?=
 # hipcc would pick an installed nvcc without it.
 export HIP_PLATFORM := amd
-# Debian packages the real builds and tests use: the HIP compiler, and podman for containers.
-SYSTEM_PACKAGES := hipcc podman runc debootstrap
+# Debian packages the real builds and tests use: the HIP compiler, podman for containers, and a
+# container registry on loopback for the `lock pin` tests.
+SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry
 
 .PHONY: venv system-deps test wheels demo bench lock-check clean
 

@@ -52,6 +52,18 @@ def target_options(command):
     return command
 
 
+def engine_option(command):
+    from .engine import ENGINES
+
+    return click.option("--engine", "engine_name", type=click.Choice(ENGINES), default=None, envvar="ROCWHEELS_ENGINE",
+                        help="container engine (default: podman if it works, else docker)")(command)
+
+
+def rocm_line_option(command):
+    return click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None,
+                        help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--recipes-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("recipes"), show_default=True, envvar="ROCWHEELS_RECIPES")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False), default=Path("wheelhouse"), show_default=True, envvar="ROCWHEELS_WHEELHOUSE")
@@ -95,6 +107,20 @@ def lock_constraints(obj: Context, rocm: str | None) -> None:
     for line_name in [rocm] if rocm else list(lock_file.lock.lines):
         lock_file.line(line_name)  # an unknown name is an error before anything is resolved
         click.echo(f"{line_name}: {compile_constraints(recipes, lock_file, line_name)}")
+
+
+@lock_group.command("pin")
+@rocm_line_option
+@click.option("--refresh", is_flag=True, help="pull the tag again even when the image is pinned already")
+@engine_option
+@click.pass_obj
+def lock_pin(obj: Context, rocm: str | None, refresh: bool, engine_name: str | None) -> None:
+    """Pull the line's registry builder image and write it into the lock by digest."""
+    from .engine import detect_engine
+    from .pin import pin_line
+
+    result = pin_line(obj.layout.recipes_dir, rocm, lambda: detect_engine(engine_name), refresh=refresh)
+    click.echo(f"lines.{result.line}: {result.status}: {result.image}")
 
 
 @cli.command("plan")
@@ -302,18 +328,6 @@ def demo_command(obj: Context, arch: str | None) -> None:
     Console().print(table)
 
 
-def engine_option(command):
-    from .engine import ENGINES
-
-    return click.option("--engine", "engine_name", type=click.Choice(ENGINES), default=None, envvar="ROCWHEELS_ENGINE",
-                        help="container engine (default: podman if it works, else docker)")(command)
-
-
-def rocm_line_option(command):
-    return click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None,
-                        help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")(command)
-
-
 @cli.group("image")
 def image_group() -> None:
     """The builder image (docker/Dockerfile.builder) and the Debian bases made without a registry."""
@@ -333,8 +347,8 @@ def image_build(obj: Context, rocm: str | None, engine_name: str | None) -> None
 
 
 @image_group.command("base")
-@click.option("--suite", type=click.Choice(("bookworm", "trixie")), required=True,
-              help="bookworm: HIP 5.2 (gfx90a, gfx940); trixie: HIP 5.7 (also gfx942)")
+@click.option("--suite", type=click.Choice(("bookworm", "trixie", "sid")), required=True,
+              help="bookworm: HIP 5.2 (gfx90a, gfx940); trixie: HIP 5.7 (also gfx942); sid: HIP 6.4, hipcc 7 (also gfx950, compressed bundles)")
 @engine_option
 @click.pass_obj
 def image_base(obj: Context, suite: str, engine_name: str | None) -> None:

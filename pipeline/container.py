@@ -87,11 +87,10 @@ def require_pinned(line_name: str, line: Line, recipes_dir: Path) -> None:
     """
     if not line.pinned:
         raise RocwheelsError(
-            f"the builder image of ROCm line {line_name} ({line.builder_image}) is not pinned by digest: "
-            "a tag can move, so the same lock could build different wheels",
-            fix=f"pull it and read its digest (`podman pull {line.builder_image} && podman image inspect --format "
-            f"'{{{{.Digest}}}}' {line.builder_image}`), then write builder_image = \"<image>@sha256:<digest>\" in "
-            f"[lines.{line_name}] of {recipes_dir / LOCK_FILE}",
+            f"{recipes_dir / LOCK_FILE}: the builder image of ROCm line {line_name} ({line.builder_image}) is not "
+            "pinned by digest: a tag can move, so the same lock could build different wheels",
+            # Pulls the tag, reads its digest and writes it into the lock (pipeline/pin.py).
+            fix=f"rocwheels lock pin --rocm {line_name}",
         )
 
 

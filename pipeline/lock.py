@@ -41,6 +41,8 @@ class Line(Model):
     rocm_path: str = "/opt/rocm"  # "" for a distribution's ROCm in the system folders
     rocm_lib_dir: str | None = None
     platform: str | None = None
+    # Build environment this line's toolchain wants for every recipe (over the recipe's own env).
+    env: dict[str, str] = {}
     versions: dict[str, str]
 
     @field_validator("rocm")
@@ -165,7 +167,7 @@ def check_lock(lock_file: LockFile, recipes: dict[str, RecipeFile], *, warn_for:
             continue
         used_rules.update(matched)
         if _is_unverified(line.image_source):
-            pin = "" if line.pinned else "; not pinned by digest: the container driver refuses it until it is"
+            pin = "" if line.pinned else f"; not pinned by digest: the container driver refuses it until `rocwheels lock pin --rocm {name}` pins it"
             warnings.append(f"{path}: {where}.builder_image is unverified ({line.image_source}){pin}")
         if _is_unverified(line.targets_source):
             warnings.append(f"{path}: {where}.targets is unverified ({line.targets_source})")

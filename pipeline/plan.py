@@ -156,6 +156,7 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
     env = {
         **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
         **{key: value.format_map(values) for key, value in recipe.env.items()},
+        **line.env,
         recipe.targets.env: values["targets"],
     }
     pre = tuple(command.format_map(values) for command in recipe.build.pre)

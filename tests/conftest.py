@@ -275,12 +275,15 @@ def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
                      line_name=name, line=lock_line, targets=parse_targets(";".join(targets)))
 
 
-# --- real podman and the debootstrapped Debian 13 base (container tests) ---
+# --- real podman and the debootstrapped Debian bases (container tests) ---
 
 
-# Debian 13's HIP 5.7 (clang 17) compiles gfx942; its python3 is 3.13. Made once by
-# docker/test-base/make-base.sh (~90 s, needs root, debootstrap and the Debian mirror), then reused.
+# Made once each by docker/test-base/make-base.sh (needs root, debootstrap and the Debian mirror),
+# then reused. Debian 13's HIP 5.7 (clang 17) compiles gfx942, python3 3.13 (~90 s, ~1 GB);
+# Debian sid's hipcc 7 (clang 21, HIP 6.4) also gfx950 and writes compressed offload bundles,
+# python3 3.14 (~6 min on a busy 2-core host, ~1.2 GB). The lock's debian13 and debian-sid lines describe them.
 TRIXIE_BASE = "localhost/rocwheels-test-base:trixie"
+SID_BASE = "localhost/rocwheels-test-base:sid"
 
 
 @pytest.fixture(scope="session")
@@ -293,8 +296,18 @@ def podman_engine() -> Engine:
     return engine
 
 
+def _debian_base(engine: Engine, suite: str, image: str) -> str:
+    run(["bash", REPO / "docker" / "test-base" / "make-base.sh", suite, image], env=engine.env)
+    return image
+
+
 @pytest.fixture(scope="session")
 def trixie_base(podman_engine: Engine) -> str:
     """The Debian 13 base image with Debian's HIP toolchain, made without a registry."""
-    run(["bash", REPO / "docker" / "test-base" / "make-base.sh", "trixie", TRIXIE_BASE], env=podman_engine.env)
-    return TRIXIE_BASE
+    return _debian_base(podman_engine, "trixie", TRIXIE_BASE)
+
+
+@pytest.fixture(scope="session")
+def sid_base(podman_engine: Engine) -> str:
+    """The Debian sid base image: a clang that writes compressed offload bundles."""
+    return _debian_base(podman_engine, "sid", SID_BASE)

@@ -1,19 +1,23 @@
-"""Offload bundles: parsed from real hipcc output, and from compressed (CCOB) bundles assembled
-here from the documented format around a real plain bundle (clang 15 cannot compress)."""
+"""Offload bundles: parsed from real hipcc output (plain from the host's hipcc, compressed from
+Debian sid's clang 21 in its base image), and from compressed (CCOB) bundles of every format
+version assembled here around a real plain bundle (older clangs cannot compress)."""
 
 from __future__ import annotations
 
+import shutil
 import struct
 import zlib
 from pathlib import Path
 
 import pytest
 import zstandard
-from conftest import HIP_ENV, offload_args
+from conftest import HIP_ENV, REPO, offload_args
 
 from pipeline.cmd import run
 from pipeline.elf import read_elf
+from pipeline.engine import Engine
 from pipeline.errors import RocwheelsError
+from pipeline.lock import load_lock
 from pipeline.offload import (
     Bundle,
     BundleEntry,
@@ -22,6 +26,8 @@ from pipeline.offload import (
     parse_fatbin,
 )
 
+# The two newest Instinct processors; the lock's debian-sid line records that its clang takes them.
+SID_TARGETS = ("gfx942", "gfx950")
 SECOND_KERNEL = """#include <hip/hip_runtime.h>
 __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }
 """
@@ -92,17 +98,40 @@ def test_two_translation_units_give_two_bundles_with_padding(hipcc, hip_kernel, 
     assert gpu_targets([last]) == hip_targets[:1]
 
 
-@pytest.mark.hipcc
-def test_hipcc_compressed_bundles_when_clang_can_write_them(hipcc, hip_kernel, hip_targets, tmp_path):
-    library = tmp_path / "libcompressed.so"
-    args = [hipcc, "-fPIC", "-shared", "--offload-compress", *offload_args(hip_targets), hip_kernel, "-o", library]
-    result = run(args, env=HIP_ENV, check=False)
-    if result.returncode != 0:
-        assert "offload-compress" in result.output, result.output
-        pytest.skip("this clang has no --offload-compress; the assembled CCOB tests below cover the format")
-    bundles = parse_fatbin(read_elf(library).hip_fatbin)
-    assert all(b.compression in ("zlib", "zstd") for b in bundles)
-    assert gpu_targets(bundles) == tuple(sorted(hip_targets))
+# --- compressed bundles written by a real clang (Debian sid's clang 21, in its base image) -------
+
+
+@pytest.fixture(scope="module")
+def sid_compressed(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path_factory) -> tuple[Path, Path]:
+    """Two libraries hipcc built with --offload-compress in the sid image: one translation unit
+    for both targets, and two (the second for the first target only) linked together."""
+    assert set(SID_TARGETS) <= set(load_lock(REPO / "recipes").line("debian-sid").targets)
+    work = tmp_path_factory.mktemp("sid")
+    shutil.copy2(hip_kernel, work / "kernel.hip")
+    (work / "second.hip").write_text(SECOND_KERNEL)
+    first, rest = " ".join(offload_args(SID_TARGETS)), " ".join(offload_args(SID_TARGETS[:1]))
+    script = (f"hipcc -fPIC -shared --offload-compress {first} kernel.hip -o libone.so && "
+              f"hipcc -fPIC -c --offload-compress {first} kernel.hip -o a.o && "
+              f"hipcc -fPIC -c --offload-compress {rest} second.hip -o b.o && "
+              f"hipcc -shared --offload-compress {first} a.o b.o -o libtwo.so")
+    run(podman_engine.command("run", "--rm", "--network", "none", "--env", "HIP_PLATFORM=amd", "--volume", f"{work}:/work",
+                              "--workdir", "/work", sid_base, "bash", "-euo", "pipefail", "-c", script), env=podman_engine.env)
+    return work / "libone.so", work / "libtwo.so"
+
+
+@pytest.mark.container
+def test_clang_compressed_bundles_are_read(sid_compressed) -> None:
+    one, two = (parse_fatbin(read_elf(library).hip_fatbin) for library in sid_compressed)
+    (bundle,) = one
+    assert bundle.compression in ("zlib", "zstd") and bundle.ccob_version in (1, 2, 3)
+    assert gpu_targets(one) == tuple(sorted(SID_TARGETS))
+    first, last = two
+    assert (first.compression, last.compression) == (bundle.compression, bundle.compression)
+    assert first.offset == 0 and last.offset >= first.size
+    assert (gpu_targets([first]), gpu_targets([last])) == (tuple(sorted(SID_TARGETS)), SID_TARGETS[:1])
+    for entry in bundle.entries:
+        if entry.processor:
+            assert entry.triple_id == f"hipv4-amdgcn-amd-amdhsa--{entry.target_id}"
 
 
 # --- compressed bundles around the real plain bundle --------------------------------------------

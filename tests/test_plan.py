@@ -74,6 +74,15 @@ def test_environment_is_resolved(tmp_path):
     assert "1. torch 1.0+rocm6.2" in text and "2. vision" in text and "PYTORCH_ROCM_ARCH=gfx90a;gfx942" in text
 
 
+def test_a_lines_env_reaches_every_step_over_the_recipes(tmp_path):
+    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", ("torch",))})
+    lock = (folder / "lock.toml").read_text()
+    (folder / "lock.toml").write_text(lock.replace("[lines.l.versions]", '[lines.l.env]\nUSE_ROCM = "2"\nEXTRA = "--offload-compress"\n[lines.l.versions]'))
+    for step in plan_for(folder, ["vision"]).steps:
+        assert (step.env["USE_ROCM"], step.env["EXTRA"]) == ("2", "--offload-compress")
+        assert step.env["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942", "the targets stay the recipe's"
+
+
 def test_target_unsupported_by_recipe(tmp_path):
     folder = make_dir(tmp_path, {"fa": recipe("fa", supported=("gfx942",))})
     with pytest.raises(RocwheelsError) as caught:

@@ -13,7 +13,7 @@ from pipeline.rocm_policy import load_policy, rocm_patterns
 
 @pytest.mark.parametrize(
     "soname",
-    ["libamdhip64.so.7", "libamdhip64.so.5", "librocblas.so.4", "libMIOpen.so.1", "libamdhip64.so",
+    ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.6.4.43484", "libamdhip64.so.5", "librocblas.so.4", "libMIOpen.so.1", "libamdhip64.so",
      "libhsa-runtime64.so.1", "libhipblaslt.so.0", "librccl.so.1", "libroctx64.so.4",
      "librocm_sysdeps_numa.so.1", "libmigraphx_gpu.so.2", "librocprofiler-register.so.0"],
 )

@@ -5,7 +5,9 @@
 #
 #   make-base.sh SUITE [IMAGE]      e.g. make-base.sh trixie
 #
-# SUITE is a Debian suite (bookworm: HIP 5.2, gfx90a/gfx940 only; trixie: HIP 5.7, also gfx942).
+# SUITE is a Debian suite (bookworm: HIP 5.2, gfx90a/gfx940 only; trixie: HIP 5.7, also gfx942;
+# sid: HIP 6.4 with hipcc 7 and clang 21, also gfx950 and compressed offload bundles - sid moves,
+# so what it holds depends on the day it was made: ~1.2 GB).
 # IMAGE defaults to localhost/rocwheels-test-base:SUITE and is left alone when it already exists.
 # Needs root (debootstrap) and ~1 GB in $TMPDIR. Environment: ROCWHEELS_ENGINE (podman or
 # docker, default podman), DEBIAN_MIRROR (default http://deb.debian.org/debian).

@@ -3,6 +3,9 @@
 Environment (set by the rocm-canary recipe):
   ROCM_CANARY_OFFLOAD_FLAGS   e.g. "--offload-arch=gfx90a --offload-arch=gfx942" (required)
   ROCM_CANARY_LOCAL_VERSION   e.g. "rocm6.2": becomes the wheel's +local version label
+  ROCM_CANARY_HIPCC_FLAGS     optional extra hipcc flags for compile and link, e.g.
+                              "--offload-compress" (set by a lock line whose clang writes
+                              compressed offload bundles)
   HIPCC                       the compiler (default: hipcc on PATH)
 """
 
@@ -20,9 +23,12 @@ BASE_VERSION = "0.1.0"
 
 class HipccBuildExt(build_ext):
     def build_extension(self, ext):
-        flags = shlex.split(os.environ.get("ROCM_CANARY_OFFLOAD_FLAGS", ""))
-        if not flags:
+        targets = shlex.split(os.environ.get("ROCM_CANARY_OFFLOAD_FLAGS", ""))
+        if not targets:
             raise SystemExit("ROCM_CANARY_OFFLOAD_FLAGS is empty: pass --offload-arch=<gfx...> flags")
+        # On the command line rather than in hipcc's own *_APPEND variables: a compiler cache
+        # keys on the command line, so a compressed and a plain build never share an entry.
+        flags = [*targets, *shlex.split(os.environ.get("ROCM_CANARY_HIPCC_FLAGS", ""))]
         hipcc = os.environ.get("HIPCC", "hipcc")
         output = Path(self.get_ext_fullpath(ext.name))
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -34,10 +40,10 @@ class HipccBuildExt(build_ext):
         for command in (compile_command, link_command):
             print("+", shlex.join(command), flush=True)
             subprocess.run(command, check=True)
-        targets = [f.split("=", 1)[1] for f in flags if f.startswith("--offload-arch=")]
+        processors = [f.split("=", 1)[1] for f in targets if f.startswith("--offload-arch=")]
         (output.parent / "_build_info.py").write_text(
             "# Written at build time by setup.py.\n"
-            f"OFFLOAD_TARGETS = {tuple(targets)!r}\n"
+            f"OFFLOAD_TARGETS = {tuple(processors)!r}\n"
         )
 
 
