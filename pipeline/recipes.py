@@ -125,28 +125,30 @@ class Smoke(Model):
         return [f"{setup}import {module}" for module in self.imports] + [setup + code for code in codes if code]
 
 
+def _env_placeholders(env: dict[str, str]) -> dict[str, str]:
+    for key, value in env.items():
+        _check_placeholders(value, key)
+    return env
+
+
+def _label_placeholders(label: str) -> str:
+    _check_placeholders(label, "", allowed=_LABEL_PLACEHOLDERS)
+    return label
+
+
+# An [env] table whose values may use the plan's placeholders, and a +local label built from the line's ROCm.
+EnvTable = Annotated[dict[str, str], AfterValidator(_env_placeholders)]
+Label = Annotated[str, AfterValidator(_label_placeholders)]
+
+
 class Release(Model):
     """What one version of a package needs: its pinned source and what differs from the package-wide data."""
 
     source: Source
-    local_version: str | None = None  # overrides the recipe's local_version
-    env: dict[str, str] = {}  # added to, or overriding, the recipe's [env]
+    local_version: Label | None = None  # overrides the recipe's local_version
+    env: EnvTable = {}  # added to, or overriding, the recipe's [env]
     requires: tuple[str, ...] = ()  # build requirements of this version, on top of [build] requires
     targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)] | None = None  # overrides [targets] supported
-
-    @field_validator("env")
-    @classmethod
-    def _known_placeholders(cls, env: dict[str, str]) -> dict[str, str]:
-        for key, value in env.items():
-            _check_placeholders(value, key)
-        return env
-
-    @field_validator("local_version")
-    @classmethod
-    def _label_placeholders(cls, label: str | None) -> str | None:
-        if label is not None:
-            _check_placeholders(label, "", allowed=_LABEL_PLACEHOLDERS)
-        return label
 
 
 class RecipeFile(Model):
@@ -158,10 +160,10 @@ class RecipeFile(Model):
     name: str
     distribution: str | None = None
     # The +local label the package's build gives its wheel; most take it from the environment.
-    local_version: str = "rocm{rocm_short}"
+    local_version: Label = "rocm{rocm_short}"
     description: str = ""
     build: Build = Build()
-    env: dict[str, str] = {}
+    env: EnvTable = {}
     targets: Targets
     depends_on: tuple[str, ...] = ()
     repair: Repair = Repair()
@@ -181,19 +183,6 @@ class RecipeFile(Model):
             if parsed.local:
                 raise ValueError(f"{version}: leave out the local part (+rocm...): rocwheels adds it from the lock line")
         return versions
-
-    @field_validator("local_version")
-    @classmethod
-    def _label_placeholders(cls, label: str) -> str:
-        _check_placeholders(label, "", allowed=_LABEL_PLACEHOLDERS)
-        return label
-
-    @field_validator("env")
-    @classmethod
-    def _known_placeholders(cls, env: dict[str, str]) -> dict[str, str]:
-        for key, value in env.items():
-            _check_placeholders(value, key)
-        return env
 
     @field_validator("build")
     @classmethod
