@@ -15,7 +15,7 @@ ROCM ?=
 export HIP_PLATFORM := amd
 # Debian packages the real builds and tests use: the HIP compiler, podman for containers, and a
 # container registry on loopback for the `lock pin` tests.
-SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry
+SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry unzip
 
 .PHONY: venv system-deps test wheels demo bench lock-check clean
 
