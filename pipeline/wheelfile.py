@@ -161,12 +161,13 @@ def rewrite_wheel(
     *,
     replace: Mapping[str, bytes | Path] | None = None,
     added: Mapping[str, Added] | None = None,
+    dropped: frozenset[str] = frozenset(),
     compression_level: int = zlib.Z_DEFAULT_COMPRESSION,
     threads: int | None = None,
     force_zip64: bool = False,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
-    and RECORD recomputed (see :func:`pipeline.zipwrite.write_wheel`).
+    ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD recomputed (see :func:`pipeline.zipwrite.write_wheel`).
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
     reproducible); unchanged ones keep their compressed bytes. ``dest`` appears atomically.
@@ -176,7 +177,7 @@ def rewrite_wheel(
     info = check_wheel(source)
     return write_wheel(
         source, dest, record=f"{info.dist_info}/RECORD", changed=replace, added=added,
-        dropped=frozenset(f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES),
+        dropped=dropped | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES},
         level=compression_level, threads=threads, force_zip64=force_zip64,
     )
 
