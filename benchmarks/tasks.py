@@ -4,6 +4,7 @@
     python tasks.py rewrite WHEEL OUT_DIR        read every member, write a new zip at deflate 6
     python tasks.py repair WHEEL OUT_DIR LOG     pipeline.repair.repair_wheel with its defaults
     python tasks.py analyze WHEEL                pipeline.analyze.analyze_wheel
+    python tasks.py bigwheel WHEEL OUT BYTES     a wheel of WHEEL's smallest library and BYTES of data (ZIP64)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 REWRITE_LEVEL = 6
+ZIP_DATE = (2024, 1, 1, 0, 0, 0)
 CHUNK = 1 << 20
 
 
@@ -50,9 +52,54 @@ def analyze(wheel: Path) -> None:
     print(f"analyzed {len(analysis.members)} ELF members, {bundles} offload bundles, GPU targets {', '.join(targets)}")
 
 
+def bigwheel(source: Path, out: Path, size: str) -> None:
+    """``rocbigwheel``: the smallest HIP library of ``source`` (so repair has an RPATH to set) and a
+    stored data member of ``size`` bytes, which puts every later offset past 4 GiB."""
+    import base64
+    import hashlib
+    import os
+
+    def b64(digest: bytes) -> str:
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+    with zipfile.ZipFile(source) as archive:
+        library = min((i for i in archive.infolist() if i.filename.endswith(".so")), key=lambda i: i.file_size)
+        library_bytes = archive.read(library)
+    dist_info = "rocbigwheel-1.0.dist-info"
+    small = {
+        "rocbigwheel/__init__.py": b"",
+        "rocbigwheel/_lib.so": library_bytes,
+        f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: rocwheels-benchmark\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n",
+        f"{dist_info}/METADATA": b"Metadata-Version: 2.1\nName: rocbigwheel\nVersion: 1.0\n",
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    block = os.urandom(64 << 20)  # incompressible: stored, the file itself passes 4 GiB
+    rows = []
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as wheel:
+        info = zipfile.ZipInfo("rocbigwheel/data.bin", ZIP_DATE)
+        info.compress_type = zipfile.ZIP_STORED
+        digest, left = hashlib.sha256(), int(size)
+        with wheel.open(info, "w", force_zip64=True) as sink:
+            while left:
+                piece = block[:min(left, len(block))]
+                sink.write(piece)
+                digest.update(piece)
+                left -= len(piece)
+        rows.append(f"rocbigwheel/data.bin,sha256={b64(digest.digest())},{size}")
+        for name, data in small.items():
+            wheel.writestr(zipfile.ZipInfo(name, ZIP_DATE), data, zipfile.ZIP_DEFLATED)
+            rows.append(f"{name},sha256={b64(hashlib.sha256(data).digest())},{len(data)}")
+        wheel.writestr(zipfile.ZipInfo(f"{dist_info}/RECORD", ZIP_DATE), "\n".join([*rows, f"{dist_info}/RECORD,,"]) + "\n")
+    partial.rename(out)
+
+
 def main(argv: list[str]) -> int:
-    task, wheel, *rest = argv
-    paths = [Path(wheel), *map(Path, rest)]
+    task, *rest = argv
+    if task == "bigwheel":
+        bigwheel(Path(rest[0]), Path(rest[1]), rest[2])
+        return 0
+    paths = list(map(Path, rest))
     {"copy": copy, "rewrite": rewrite, "repair": repair, "analyze": analyze}[task](*paths)
     return 0
 

@@ -8,18 +8,19 @@ the host, and the packages the recipe links against (torch's ``torch/lib``).
 from __future__ import annotations
 
 import json
+import mmap
 import posixpath
 import re
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import Enum
 from functools import cache
 from importlib import resources
 from pathlib import Path
 
-from .elf import ELF_MAGIC, ElfInfo, read_elf
+from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
 from .offload import OffloadBundleError, gpu_targets, parse_fatbin
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .wheelfile import WheelInfo, check_wheel, extract, open_wheel
@@ -90,9 +91,9 @@ def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalys
         raw = []
         for name in elf_names:
             extracted = extract(archive, [name], Path(scratch))[name]
-            elf = read_elf(extracted)
-            # Summarise the GPU code now and drop its bytes: a torch wheel holds gigabytes of it.
-            raw.append((name, replace(elf, hip_fatbin=None), _code_objects(elf.hip_fatbin)))
+            elf = read_elf(extracted, with_fatbin=False)
+            # The GPU code is streamed from a mapping of the file, never held: a torch wheel holds gigabytes of it.
+            raw.append((name, elf, _code_objects(extracted)))
             extracted.unlink()  # one large library at a time on disk
     installed = {_install_path(name): elf for name, elf, _ in raw}
     by_folder: dict[str, dict[str, str]] = {}
@@ -122,13 +123,25 @@ class _CodeObjects:
     error: str | None = None
 
 
-def _code_objects(fatbin: bytes | None) -> _CodeObjects:
-    if fatbin is None:
-        return _CodeObjects()
+def _code_objects(path: Path) -> _CodeObjects:
     try:
-        parsed = parse_fatbin(fatbin)
-    except OffloadBundleError as exc:
-        return _CodeObjects(error=str(exc))
+        span = section_span(path, ".hip_fatbin")
+    except ElfError as exc:
+        return _CodeObjects(error=exc.message)
+    if span is None or span[1] == 0:
+        return _CodeObjects()
+    offset, size = span
+    with path.open("rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        def release(start: int, length: int) -> None:
+            # Pages already read leave this process (they stay in the page cache).
+            first = (offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
+            mapped.madvise(mmap.MADV_DONTNEED, first, offset + start + length - first)
+
+        with memoryview(mapped) as view, view[offset:offset + size] as section:
+            try:
+                parsed = parse_fatbin(section, release)
+            except OffloadBundleError as exc:
+                return _CodeObjects(error=str(exc))
     return _CodeObjects(gpu_targets(parsed), len(parsed), tuple(sorted({b.compression or "none" for b in parsed})))
 
 

@@ -15,10 +15,11 @@ import re
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
 from pathlib import Path
 
 from auditwheel.error import NonPlatformWheelError, WheelToolsError
-from auditwheel.lddtree import ldd
+from auditwheel.lddtree import ldd, load_ld_paths
 from auditwheel.wheel_abi import analyze_wheel_abi
 from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
@@ -40,6 +41,7 @@ _FIX_MISSING = (
     "or install it in the builder (or put its folder on LD_LIBRARY_PATH) so it is grafted"
 )
 
+VERSION = version("auditwheel")
 Log = logging.Logger | logging.LoggerAdapter
 # Called only when a library is missing: the wheel's ELF files as (member, extracted path, NEEDED).
 WhoNeeds = Callable[[], Sequence[tuple[str, Path, Sequence[str]]]]
@@ -74,6 +76,13 @@ def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: 
     except WheelToolsError:
         libc = None
     base = plat.removesuffix(f"_{architecture.value}") if plat and architecture else plat
+    # auditwheel reads LD_LIBRARY_PATH once per process (an lru_cache); a long-lived process may
+    # have changed it since.
+    load_ld_paths.cache_clear()
+    # Its warnings ("ignoring: Kernels.co with unknown architecture": GPU code objects) are noise here.
+    auditwheel_log = logging.getLogger("auditwheel")
+    level = auditwheel_log.level
+    auditwheel_log.setLevel(logging.ERROR)
     try:
         abi = analyze_wheel_abi(libc, architecture, wheel, frozenset(excludes), disable_isa_ext_check=False,
                                 allow_graft=True, requested_policy_base_name=base or "auto")
@@ -81,6 +90,8 @@ def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: 
         raise _no_compiled_code(wheel) from None
     except RuntimeError as exc:
         raise (_purelib(wheel) if "purelib" in str(exc) else _failed(wheel, str(exc), None)) from None
+    finally:
+        auditwheel_log.setLevel(level)
     policies = abi.policies
     if plat:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.construct import ConstructError
@@ -123,7 +124,26 @@ def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
     )
 
 
+def section_span(path: str | os.PathLike[str], name: str) -> tuple[int, int] | None:
+    """(file offset, size) of section ``name`` of the ELF file ``path``, for reading it from a
+    mapping of the file rather than into memory; None if it has no such section."""
+    try:
+        with open(path, "rb") as stream:
+            elf = ELFFile(stream)
+            section = _section(elf, name, os.fstat(stream.fileno()).st_size)
+            return (section["sh_offset"], section["sh_size"]) if section is not None else None
+    except OSError as exc:
+        raise ElfError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except (ELFError, ConstructError, AssertionError, ValueError) as exc:
+        raise ElfError(f"{path}: not a readable ELF file: {exc}") from exc
+
+
 def _section_bytes(elf: ELFFile, name: str, file_size: int) -> bytes | None:
+    section = _section(elf, name, file_size)
+    return section.data() if section is not None else None
+
+
+def _section(elf: ELFFile, name: str, file_size: int) -> Any:  # a pyelftools Section
     section = elf.get_section_by_name(name)
     if section is None or section["sh_type"] == "SHT_NOBITS":
         return None
@@ -132,4 +152,4 @@ def _section_bytes(elf: ELFFile, name: str, file_size: int) -> bytes | None:
     end = section["sh_offset"] + section["sh_size"]
     if end > file_size:
         raise ValueError(f"section {name} ends at 0x{end:x}, past the end of the file (0x{file_size:x} bytes)")
-    return section.data()
+    return section

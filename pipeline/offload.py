@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import zstandard
@@ -35,6 +35,13 @@ _METHODS = {0: "zlib", 1: "zstd"}
 # ("amdhsa--gfx942") and absent in old ones ("hip-amdgcn-amd-amdhsa-gfx906").
 _GPU_ID = re.compile(r"[^-]+-amdgcn-[^-]*-[^-]*(?:-[^-]*)?-(gfx.+)")
 _NON_ZERO = re.compile(rb"[^\x00]")
+# Of an inflated bundle only its header is kept (magic, count, entry table): the code objects are
+# inflated piece by piece and dropped. 4 MiB holds the table of ~50,000 entries.
+HEADER_LIMIT = 4 << 20
+_PIECE = 1 << 20
+
+# Given (offset, length) in the section: the caller may drop those bytes from memory (an mmap's pages).
+Release = Callable[[int, int], None]
 
 
 class OffloadBundleError(RocwheelsError):
@@ -73,15 +80,19 @@ class Bundle:
     entries: tuple[BundleEntry, ...]
 
 
-def parse_fatbin(data: bytes) -> tuple[Bundle, ...]:
-    """Every bundle in ``data`` (a ``.hip_fatbin`` section), in order."""
+def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tuple[Bundle, ...]:
+    """Every bundle in ``data`` (a ``.hip_fatbin`` section, or a view of it in a mapped file), in order.
+
+    Memory stays small however large the section: plain bundles are read by their headers, and
+    compressed ones are inflated piece by piece; ``release`` is told of each bundle once read.
+    """
     bundles = []
     pos = _skip_padding(data, 0)
     while pos < len(data):
-        if data.startswith(PLAIN_MAGIC, pos):
+        if _at(data, pos, PLAIN_MAGIC):
             entries, end = _read_plain(data, pos, f"offload bundle at 0x{pos:x}")
             bundle = Bundle(pos, end - pos, None, None, entries)
-        elif data.startswith(CCOB_MAGIC, pos):
+        elif _at(data, pos, CCOB_MAGIC):
             bundle = _read_compressed(data, pos)
         else:
             raise OffloadBundleError(
@@ -89,8 +100,14 @@ def parse_fatbin(data: bytes) -> tuple[Bundle, ...]:
                 f"padding, found bytes {data[pos:pos + 8].hex(' ')}"
             )
         bundles.append(bundle)
+        if release:
+            release(bundle.offset, bundle.size)
         pos = _skip_padding(data, bundle.offset + bundle.size)
     return tuple(bundles)
+
+
+def _at(data: bytes | memoryview, pos: int, magic: bytes) -> bool:
+    return bytes(data[pos:pos + len(magic)]) == magic
 
 
 def gpu_targets(bundles: Iterable[Bundle]) -> tuple[str, ...]:
@@ -112,14 +129,16 @@ def _unpack(layout: struct.Struct, data: bytes, pos: int, where: str, what: str)
     return layout.unpack_from(data, pos)
 
 
-def _read_plain(data: bytes, start: int, where: str) -> tuple[tuple[BundleEntry, ...], int]:
+def _read_plain(data: bytes | memoryview, start: int, where: str, length: int | None = None) -> tuple[tuple[BundleEntry, ...], int]:
     """The entries of the plain bundle at ``data[start:]`` and the offset where it ends.
 
-    A plain bundle records no total size: it ends after its last code object.
+    A plain bundle records no total size: it ends after its last code object. ``length``: the
+    size of the whole data when ``data`` holds only its beginning (an inflated bundle's header).
     """
-    if not data.startswith(PLAIN_MAGIC, start):
+    total = len(data) if length is None else length
+    if not _at(data, start, PLAIN_MAGIC):
         raise OffloadBundleError(
-            f"{where}: expected magic {PLAIN_MAGIC.decode()!r}, found bytes {data[start:start + 8].hex(' ')}"
+            f"{where}: expected magic {PLAIN_MAGIC.decode()!r}, found bytes {bytes(data[start:start + 8]).hex(' ')}"
         )
     pos = start + len(PLAIN_MAGIC)
     (count,) = _unpack(_U64, data, pos, where, "the entry count")
@@ -138,16 +157,16 @@ def _read_plain(data: bytes, start: int, where: str) -> tuple[tuple[BundleEntry,
                 f"{where}: truncated at 0x{pos:x}: entry {index} has an id of "
                 f"{id_length} bytes, {len(data) - pos} remain"
             )
-        raw_id = data[pos:pos + id_length]
+        raw_id = bytes(data[pos:pos + id_length])
         pos += id_length
         try:
             triple_id = raw_id.decode("ascii")
         except UnicodeDecodeError:
             raise OffloadBundleError(f"{where}: entry {index} has a garbled id {raw_id[:40]!r}") from None
-        if offset + size > len(data) - start:
+        if offset + size > total - start:
             raise OffloadBundleError(
                 f"{where}: entry {index} ({triple_id}) spans 0x{offset:x}+0x{size:x}, "
-                f"past the end of the data (0x{len(data) - start:x} bytes)"
+                f"past the end of the data (0x{total - start:x} bytes)"
             )
         entries.append(BundleEntry(triple_id, offset, size))
     end = max([pos] + [start + e.offset + e.size for e in entries])
@@ -184,21 +203,31 @@ def _read_compressed(data: bytes, start: int) -> Bundle:
             f"{where}: truncated or garbled: the header gives a total size of {total} bytes, "
             f"{len(data) - start} remain"
         )
-    plain, used = _inflate(method, memoryview(data)[payload_start:payload_end], where)
-    if len(plain) != raw_size:
-        raise OffloadBundleError(f"{where}: inflated to {len(plain)} bytes, the header says {raw_size}")
-    entries, _ = _read_plain(plain, 0, f"{where} (inflated)")
+    with memoryview(data) as view, view[payload_start:payload_end] as payload:
+        head, inflated, used = _inflate(method, payload, where)
+    if inflated != raw_size:
+        raise OffloadBundleError(f"{where}: inflated to {inflated} bytes, the header says {raw_size}")
+    entries, _ = _read_plain(head, 0, f"{where} (inflated)", length=inflated)
     size = header.size + used if total is None else total
     return Bundle(start, size, method, version, entries)
 
 
-def _inflate(method: str, payload: memoryview, where: str) -> tuple[bytes, int]:
-    """The inflated stream at the start of ``payload`` and how many payload bytes it used."""
+def _inflate(method: str, payload: memoryview, where: str) -> tuple[bytes, int, int]:
+    """Inflate the stream at the start of ``payload`` piece by piece: (its first HEADER_LIMIT
+    bytes, its inflated size, how many payload bytes it used)."""
     inflater = zlib.decompressobj() if method == "zlib" else zstandard.ZstdDecompressor().decompressobj()
+    head = bytearray()
+    inflated = used = 0
     try:
-        plain = inflater.decompress(payload)
+        while used < len(payload) and not inflater.eof:
+            with payload[used:used + _PIECE] as piece:
+                plain = inflater.decompress(piece)
+                used += len(piece) - len(inflater.unused_data)
+            inflated += len(plain)
+            if len(head) < HEADER_LIMIT:
+                head += plain[:HEADER_LIMIT - len(head)]
     except (zlib.error, zstandard.ZstdError) as exc:
         raise OffloadBundleError(f"{where}: garbled {method} stream: {exc}") from None
     if not inflater.eof:
         raise OffloadBundleError(f"{where}: truncated {method} stream: the data ends before it does")
-    return plain, len(payload) - len(inflater.unused_data)
+    return bytes(head), inflated, used

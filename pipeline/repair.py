@@ -14,13 +14,16 @@ Read top to bottom as the steps:
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import posixpath
 import shutil
 import tempfile
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -29,7 +32,9 @@ from . import audit, cmd
 from .elf import ELF_MAGIC, ElfError, ElfInfo, is_elf, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
+from .provenance import rocwheels_version
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
+from .sources import cache_dir
 from .wheelfile import (
     check_wheel,
     extract,
@@ -38,7 +43,7 @@ from .wheelfile import (
     replace_platform_tag,
     rewrite_wheel,
 )
-from .zipwrite import Added, copy_file
+from .zipwrite import Added, copy_file, extract_members, write_stored
 
 if TYPE_CHECKING:
     from .lock import Line
@@ -145,32 +150,47 @@ def repair_wheel(
     policy = settings.policy()
     raw = check_wheel(raw_wheel)
     started = time.monotonic()
+    known = _repaired_marker(raw_wheel, settings)
+    if known.exists():
+        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name)
+        _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
+        log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
+        return final
     # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
     with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp:
         work = Path(temp)
         with open_wheel(raw_wheel) as archive:
             members = {info.filename: info for info in archive.infolist()}
             elf_names = [name for name, info in members.items() if not info.is_dir() and _starts_with_elf(archive, info)]
-            tree = extract(archive, elf_names, work / "tree")
             wheel_text = archive.read(f"{raw.dist_info}/WHEEL").decode("utf-8")
             metadata_text = archive.read(f"{raw.dist_info}/METADATA").decode("utf-8")
-        # auditwheel judges a wheel of the ELF files alone (stored): what it unpacks is only what it reads.
-        skeleton = _skeleton(raw_wheel.name, raw.dist_info, tree, work / "skeleton", wheel_text, metadata_text)
+        tree = extract_members(raw_wheel, elf_names, work / "tree", threads=threads)
+        # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
+        (work / "skeleton").mkdir()
+        skeleton = write_stored(
+            work / "skeleton" / raw_wheel.name,
+            {name: (path, members[name].CRC) for name, path in tree.items()},
+            {f"{raw.dist_info}/WHEEL": wheel_text, f"{raw.dist_info}/METADATA": metadata_text,
+             # auditwheel walks the files RECORD lists (hashes unread).
+             f"{raw.dist_info}/RECORD": "".join(f"{name},,\n" for name in tree)},
+        )
 
         def who_needs() -> list[tuple[str, Path, Sequence[str]]]:
             return [(name, path, info.needed) for name, path, info in _elf_infos(raw_wheel, tree)]
 
         verdict = audit.analyze(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
         analysed = time.monotonic()
+        _note(log_file, f"auditwheel verdict on {raw_wheel.name}: {verdict.tag}, "
+                        + ("grafts " + "; ".join(f"{', '.join(libs)} for {name}" for name, libs in verdict.grafts.items())
+                           if verdict.grafts else "nothing to graft"))
         added: dict[str, Added] = {}
         changed: dict[str, bytes | Path] = {}
         dropped: set[str] = set()
         if verdict.grafts:
-            log.info("auditwheel grafts %s", "; ".join(f"{', '.join(libs)} for {name}" for name, libs in verdict.grafts.items()))
             grafted = audit.repair(skeleton, work / "auditwheel", policy.excludes, verdict.tag, log_file, log, who_needs=who_needs)
             changed, added, dropped = _taken_from(grafted, skeleton, tree, members, work / "grafted")
         patched = _relink(raw_wheel, {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
-                          policy, settings, log_file, log)
+                          policy, settings, log_file, log, threads)
         relinked = time.monotonic()
         for name, path in patched.items():
             if name not in added:
@@ -190,6 +210,10 @@ def repair_wheel(
         else:
             final = rewrite_wheel(raw_wheel, dest, replace=changed, added=added, dropped=frozenset(dropped),
                                   compression_level=compression_level, threads=threads)
+    # Repairing this result again with the same settings changes nothing: say so for next time.
+    marker = _repaired_marker(final, settings)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
     log.info(
         "repaired %s -> %s in %.1f s (analysis %.1f s, RPATHs of %d files %.1f s, write %d changed/%d added members %.1f s)",
         raw_wheel.name, final.name, time.monotonic() - started, analysed - started,
@@ -198,18 +222,30 @@ def repair_wheel(
     return final
 
 
-def _skeleton(name: str, dist_info: str, tree: dict[str, Path], folder: Path, wheel_text: str, metadata_text: str) -> Path:
-    """A wheel of the ELF files, WHEEL and METADATA only, stored, under the raw wheel's name."""
-    folder.mkdir()
-    path = folder / name
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
-        for member, file in tree.items():
-            archive.write(file, member)
-        archive.writestr(f"{dist_info}/WHEEL", wheel_text)
-        archive.writestr(f"{dist_info}/METADATA", metadata_text)
-        # auditwheel walks the files RECORD lists (hashes unread).
-        archive.writestr(f"{dist_info}/RECORD", "".join(f"{member},,\n" for member in tree))
-    return path
+def _repaired_marker(wheel: Path, settings: RepairSettings) -> Path:
+    """Where the cache notes that ``wheel`` is a fixed point of repair with ``settings``.
+
+    Keyed by everything auditwheel's verdict and the RPATH rules read: every member's name,
+    CRC-32 and size and the RECORD (with its sha256 rows), the settings, rocwheels' and
+    auditwheel's versions, and where this machine's loader finds libraries.
+    """
+    digest = hashlib.sha256()
+    loader_cache = Path("/etc/ld.so.cache")
+    stamp = (loader_cache.stat().st_mtime_ns, loader_cache.stat().st_size) if loader_cache.exists() else None
+    digest.update(repr((wheel.name, settings, rocwheels_version(), audit.VERSION, os.environ.get("LD_LIBRARY_PATH"), stamp)).encode())
+    with open_wheel(wheel) as archive:
+        for info in archive.infolist():
+            digest.update(f"{info.filename}\0{info.CRC}\0{info.file_size}\n".encode())
+            if info.filename.endswith(".dist-info/RECORD"):
+                digest.update(archive.read(info))
+    return cache_dir() / "repaired" / digest.hexdigest()
+
+
+def _note(log_file: Path | None, line: str) -> None:
+    if log_file:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with log_file.open("a", encoding="utf-8") as sink:
+            sink.write(f"# {line}\n")
 
 
 def _taken_from(
@@ -248,11 +284,11 @@ def _patchelf() -> str:
 
 def _relink(
     wheel: Path, tree: dict[str, Path], policy: RocmPolicy, settings: RepairSettings,
-    log_file: Path | None, log: logging.Logger | logging.LoggerAdapter,
+    log_file: Path | None, log: logging.Logger | logging.LoggerAdapter, threads: int | None,
 ) -> dict[str, Path]:
     """Set the RPATH every ELF file of ``tree`` (member -> extracted file) should have; return the changed files."""
     patchelf = _patchelf()
-    patched: dict[str, Path] = {}
+    changes: dict[str, tuple[Path, list[str]]] = {}
     for name, path, info in _elf_infos(wheel, tree):
         # GPU code objects are loaded by the HIP runtime, never by ld.so.
         if info.machine == "EM_AMDGPU":
@@ -265,11 +301,14 @@ def _relink(
         # also applies to the dependencies of dependencies (a grafted or linked library that needs
         # ROCm without a path of its own still finds rocm_lib_dir), and to their dlopen() calls.
         # The price: it outranks LD_LIBRARY_PATH; a ROCm elsewhere is chosen with rocm_lib_dir.
-        change = ["--force-rpath", "--set-rpath", ":".join(wanted)] if wanted else ["--remove-rpath"]
-        cmd.run([patchelf, *change, path], log_file=log_file, logger=log)
+        changes[name] = (path, ["--force-rpath", "--set-rpath", ":".join(wanted)] if wanted else ["--remove-rpath"])
         log.debug("%s: RPATH %s -> %s", name, ":".join(current), ":".join(wanted))
-        patched[name] = path
-    return patched
+    # patchelf rewrites each file whole: several at once, largest first.
+    with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
+        order = sorted(changes.values(), key=lambda change: -change[0].stat().st_size)
+        for done in [pool.submit(cmd.run, [patchelf, *change, path], log_file=log_file, logger=log) for path, change in order]:
+            done.result()
+    return {name: path for name, (path, _) in changes.items()}
 
 
 def _wanted_rpath(

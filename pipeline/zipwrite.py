@@ -112,6 +112,64 @@ def write_wheel(
     return dest
 
 
+def extract_members(source: Path, names: list[str], dest: Path, *, threads: int | None = None) -> dict[str, Path]:
+    """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
+    keeping permission bits; member -> file. CRCs are checked."""
+    with zipfile.ZipFile(source) as archive:
+        infos = [archive.getinfo(name) for name in names]
+    targets = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
+    for target in targets.values():
+        target.parent.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
+        # Largest first: the longest job starts at once.
+        for done in [pool.submit(_inflate, source, info, targets[info.filename])
+                     for info in sorted(infos, key=lambda i: -i.file_size)]:
+            done.result()
+    return targets
+
+
+def _inflate(source: Path, info: zipfile.ZipInfo, target: Path) -> None:
+    with open(source, "rb") as raw, target.open("wb") as sink:
+        raw.seek(info.header_offset)
+        fields = _LOCAL.unpack(raw.read(_LOCAL.size))
+        raw.seek(fields[9] + fields[10], os.SEEK_CUR)
+        inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+        if info.compress_type not in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
+            raise zipfile.BadZipFile(f"{source.name}: {info.filename} uses compression method {info.compress_type}")
+        crc = 0
+        remaining = info.compress_size
+        while remaining:
+            block = raw.read(min(remaining, 1 << 20))
+            if not block:
+                raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
+            remaining -= len(block)
+            data = inflater.decompress(block) if inflater else block
+            crc = zlib_ng.crc32(data, crc)
+            sink.write(data)
+        if inflater:
+            data = inflater.flush()
+            crc = zlib_ng.crc32(data, crc)
+            sink.write(data)
+    if crc != info.CRC:
+        raise zipfile.BadZipFile(f"{source.name}: {info.filename} fails its CRC check")
+    mode = (info.external_attr >> 16) & 0o777
+    target.chmod((mode or 0o644) | 0o600)  # stay writable: the caller may patch it
+
+
+def write_stored(dest: Path, files: Mapping[str, tuple[Path, int]], texts: Mapping[str, str]) -> Path:
+    """A zip of ``files`` (member -> (file, its known CRC-32)) and ``texts``, all stored: the file
+    data is copied by the kernel, not read, for a wheel only unpacked again (auditwheel's analysis)."""
+    with open(dest, "w+b") as out:
+        writer = _Writer(out, force_zip64=False)
+        for name, (path, crc) in files.items():
+            writer.store(name, path, crc)
+        for name, text in texts.items():
+            data = text.encode("utf-8")
+            writer.store(name, data, zlib_ng.crc32(data))
+        writer.finish()
+    return dest
+
+
 class _Writer:
     """Appends members to ``out`` and keeps what the central directory will say about them."""
 
@@ -136,6 +194,25 @@ class _Writer:
         raw.seek(member.header_offset)
         _copy_range(raw, self.out, length)
         self._central_entry(member, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type)
+
+    def store(self, name: str, content: bytes | Path, crc: int) -> None:
+        """Write member ``name`` stored, with a CRC-32 known beforehand."""
+        size = len(content) if isinstance(content, bytes) else content.stat().st_size
+        zip64 = size >= _LIMIT
+        encoded = name.encode("utf-8")
+        extra = struct.pack("<HHQQ", _ZIP64_EXTRA, 16, size, size) if zip64 else b""
+        info = zipfile.ZipInfo(name)
+        info.external_attr = (0o100000 | (content.stat().st_mode & 0o777 if isinstance(content, Path) else 0o644)) << 16
+        offset = self.out.tell()
+        stored_size = _LIMIT if zip64 else size
+        self.out.write(_LOCAL.pack(0x04034B50, 45 if zip64 else 20, 0x800, zipfile.ZIP_STORED, *_dos_time(info),
+                                   crc, stored_size, stored_size, len(encoded), len(extra)) + encoded + extra)
+        if isinstance(content, bytes):
+            self.out.write(content)
+        else:
+            with content.open("rb") as data:
+                _copy_range(data, self.out, size)
+        self._central_entry(info, crc, size, size, offset, 0x800, zipfile.ZIP_STORED, name=encoded)
 
     def deflate(
         self, pool: ThreadPoolExecutor, name: str, content: bytes | Path, info: zipfile.ZipInfo, level: int,

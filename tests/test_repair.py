@@ -186,3 +186,20 @@ def test_settings_come_from_recipe_and_line_and_reach_the_container_as_options()
         "--link-package", LINK, "--requires-pin", "torch==2.14.1+rocm7.2",
     ]
     assert settings.policy().is_excluded("liby.so.1") and settings.policy().is_excluded("libfakelink.so")
+
+
+@pytest.mark.hipcc
+def test_a_repaired_wheel_repairs_to_a_copy_of_itself(repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR)
+    # First with an empty cache: auditwheel's verdict and the RPATH rules find nothing to change.
+    monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
+    judged = repair_wheel(repaired.wheel, tmp_path / "judged", settings, log_file=tmp_path / "judged.log")
+    assert "nothing to graft" in (tmp_path / "judged.log").read_text()
+    # Then from the note that judgement left: no analysis at all.
+    noted = repair_wheel(repaired.wheel, tmp_path / "noted", settings, log_file=tmp_path / "noted.log")
+    assert "copied" in (tmp_path / "noted.log").read_text()
+    assert judged.read_bytes() == noted.read_bytes() == repaired.wheel.read_bytes()
+    # Other settings are another question: judged again.
+    other = repair_wheel(repaired.wheel, tmp_path / "other", settings.extended(extra_rpath=("/opt/x/lib",)), log_file=tmp_path / "other.log")
+    assert "auditwheel verdict" in (tmp_path / "other.log").read_text()
+    check_wheel(other, verify_hashes=True)
