@@ -14,8 +14,8 @@ ROCM ?=
 # hipcc would pick an installed nvcc without it.
 export HIP_PLATFORM := amd
 # Debian packages the real builds and tests use: the HIP compiler, podman for containers, and a
-# container registry on loopback for the `lock pin` tests.
-SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry
+# container registry on loopback for the `lock pin` tests, musl-gcc for the loader tests.
+SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry musl-tools
 
 .PHONY: venv system-deps test wheels demo bench lock-check clean
 

@@ -7,6 +7,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import sys
 import threading
 import zipfile
@@ -121,7 +122,8 @@ def _wheel_archive(path: Path, name: str, version: str, tag: str, purelib: bool,
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for member, data in contents.items():
             info = zipfile.ZipInfo(member, _ZIP_DATE)
-            info.external_attr = (0o755 if data.startswith(b"\x7fELF") else 0o644) << 16
+            # A regular file's type bits too: pip only keeps the executable bit of an S_IFREG entry.
+            info.external_attr = (stat.S_IFREG | (0o755 if data.startswith(b"\x7fELF") else 0o644)) << 16
             archive.writestr(info, data)
     return path
 
