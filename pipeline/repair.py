@@ -311,11 +311,10 @@ def _explain(
             f"cannot repair {raw_wheel.name}: it puts shared libraries into purelib (Root-Is-Purelib: true)",
             fix="declare the extension to the build backend (ext_modules, or a binary distribution) so the wheel is platlib",
         )
-    last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "no output")
     where = f" (full output: {log_file})" if log_file else ""
     return RocwheelsError(
-        f"auditwheel could not repair {raw_wheel.name}{where}: {last}",
-        fix="read the auditwheel output above; rerun the logged command by hand to investigate",
+        f"auditwheel could not repair {raw_wheel.name}{where}; its last lines:\n{cmd.tail(output, 15).rstrip() or 'no output'}",
+        fix="rerun the logged auditwheel command by hand to investigate",
     )
 
 
