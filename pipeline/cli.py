@@ -272,18 +272,19 @@ def index_group() -> None:
 
 
 @index_group.command("build")
-@click.option("--hashes/--no-hashes", default=True, show_default=True,
-              help="sha256 per wheel in constraints-<line>.txt (pip then checks hashes for the whole install)")
 @click.pass_obj
-def index_build(obj: Context, hashes: bool) -> None:
-    """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
-    from .index import build_static_index, wheels_by_label, write_constraints
+def index_build(obj: Context) -> None:
+    """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
+    requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
+    from .index import build_static_index, wheels_by_label, write_constraints, write_requirements
 
     lines = wheels_by_label(obj.layout.wheelhouse, label_aliases(obj.layout))
     for root in build_static_index(obj.layout.wheelhouse, lines):
         click.echo(f"index: {root}/")
-    for path in write_constraints(obj.layout.wheelhouse, lines, hashes=hashes):
+    for path in write_constraints(obj.layout.wheelhouse, lines):
         click.echo(f"constraints: {path}")
+    for path in write_requirements(obj.layout.wheelhouse, lines):
+        click.echo(f"requirements: {path}")
 
 
 @index_group.command("add-user")

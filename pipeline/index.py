@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -144,18 +144,30 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: bool = True) -> tuple[Path, ...]:
+def write_constraints(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
-    With ``hashes`` every pin also lists the sha256 of each of its wheel files, so pip (26.x
-    verified) takes only these exact files. Any hash switches pip into hash-checking mode for the
-    whole install, though: a dependency fetched from elsewhere without a hash is then refused.
-    ``hashes=False`` writes pins only, which still keep a higher version from another index out.
+    Pins only, no hashes: every pip takes them (pip before 26.1 refuses a constraints file with
+    hashes), and exact pins keep a higher version or a non-ROCm build from another index out.
     """
+    return _write_pin_files(wheelhouse, lines, _constraints_name, hashes=False)
+
+
+def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
+    """Write ``wheelhouse/requirements-<label>.txt`` per ROCm line: the same pins, each with the
+    sha256 of every one of its wheel files, for ``pip install --require-hashes -r`` (any pip):
+    only these exact files install, not another file published elsewhere under the same version.
+    """
+    return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True)
+
+
+def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[[str], str], *, hashes: bool) -> tuple[Path, ...]:
     written = []
     for label, wheels in (lines if lines is not None else wheels_by_label(wheelhouse)).items():
         pins = _by_project(wheels)
-        text = [f"# {label} wheels built by rocwheels; use: pip install -c {_constraints_name(label)} ..."]
+        use = (f"pip install --require-hashes --no-deps -r {file_name(label)}" if hashes
+               else f"pip install -c {file_name(label)} ...")
+        text = [f"# {label} wheels built by rocwheels; use: {use}"]
         for project, files in sorted(pins.items()):
             versions = sorted({str(w.version) for w in files})
             if len(versions) > 1:
@@ -167,14 +179,18 @@ def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: b
             if hashes:
                 pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
             text.append(pin)
-        path = wheelhouse / _constraints_name(label)
+        path = wheelhouse / file_name(label)
         pending = path.with_name(f".{path.name}.tmp")
         pending.write_text("\n".join(text) + "\n", encoding="utf-8")
         os.replace(pending, path)
-        log.info("constraints %s: %d pins -> %s", label, len(pins), path)
+        log.info("%s: %d pins -> %s", path.name, len(pins), path)
         written.append(path)
     return tuple(written)
 
 
 def _constraints_name(label: str) -> str:
     return f"constraints-{label}.txt"
+
+
+def _requirements_name(label: str) -> str:
+    return f"requirements-{label}.txt"
