@@ -33,6 +33,7 @@ from . import cmd
 from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
+from .platform_tag import require_platform_tag
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .wheelfile import (
     check_wheel,
@@ -103,6 +104,7 @@ def repair_wheel(
         relinked = time.monotonic()
         result = check_wheel(repaired)
         tag = _one_platform_tag(raw.platform_tags, result.platform_tags)
+        require_platform_tag(repaired, tag, policy.excludes)
         wheel_member = f"{result.dist_info}/WHEEL"
         with open_wheel(repaired) as archive:
             wheel_text = archive.read(wheel_member).decode("utf-8")

@@ -28,6 +28,7 @@ from .analyze import (
     expand_origin,
 )
 from .lock import Line
+from .platform_tag import check_platform_tag
 from .provenance import check_record
 from .recipes import Recipe, Smoke
 from .rocm_policy import LinkPackage, load_policy
@@ -88,6 +89,7 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         *_gpu_targets(analysis, expect.targets),
         *_search_paths(analysis, expect),
         *_tags_and_version(analysis, expect.version, expect.platform),
+        *_platform_allowed(analysis, expect.layout),
         _provenance(wheel),
     ]
     if smoke and expect.smoke is not None:
@@ -188,6 +190,19 @@ def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, exp
         findings.append(Finding(ERROR, "version", f"version {info.version} has no +rocm local label"))
     elif expected_version is not None and version != Version(expected_version):
         findings.append(Finding(ERROR, "version", f"version {info.version}, but the lock line expects {expected_version}"))
+    return findings
+
+
+def _platform_allowed(analysis: WheelAnalysis, layout: TargetLayout) -> list[Finding]:
+    """Each platform tag must be one the contents allow (auditwheel's symbol-version analysis)."""
+    excludes = (*layout.policy.excludes, *(pattern for link in layout.link_packages for pattern in link.patterns))
+    findings = []
+    for tag in analysis.info.platform_tags:
+        if tag.startswith("linux_"):
+            continue  # never a promise beyond the build machine; flagged as unrepaired above
+        allowed = check_platform_tag(analysis.info.path, tag, excludes)
+        if allowed is not None and allowed.problem:
+            findings.append(Finding(ERROR, "tags", f"platform tag {tag}: {allowed.problem}"))
     return findings
 
 
