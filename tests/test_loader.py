@@ -10,7 +10,6 @@ which hold every library: verify must not look at it.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,29 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hip_wheels import EXT, PY_INCLUDE
+from elf_builds import Elf, build
+from hip_wheels import EXT
 
 from pipeline.analyze import TargetLayout
 from pipeline.cmd import run
 from pipeline.rocm_policy import LinkPackage
 from pipeline.verify import Expectations, verify_wheel
-
-
-@dataclass(frozen=True)
-class Elf:
-    member: str  # where it lies in the wheel
-    needs: tuple[str, ...] = ()  # members of this wheel or of the provider wheel it links
-    rpath: str | None = None  # DT_RPATH
-    runpath: str | None = None  # DT_RUNPATH
-    musl: bool = False  # built with musl-gcc; a program, run instead of imported
-
-    @property
-    def soname(self) -> str:
-        return self.member.rsplit("/", 1)[-1]
-
-    @property
-    def function(self) -> str:
-        return re.sub(r"\W", "_", self.soname)
 
 
 @dataclass(frozen=True)
@@ -77,49 +60,10 @@ CASES = {
     "linked-package-unreached": Case((ext("torchlike/lib/libtorchlike.so", rpath="$ORIGIN"),),
                                      False, (Elf("torchlike/lib/libtorchlike.so"),), ("torchlike/lib:libtorchlike*.so",)),
     # musl's loader inherits DT_RUNPATH too: the glibc case above fails, this one works.
-    "musl-runpath-inherited": Case((Elf("pkg/bin/tool", ("pkg/lib/liba.so",), runpath="$ORIGIN/../lib", musl=True),
+    "musl-runpath-inherited": Case((Elf("pkg/bin/tool", ("pkg/lib/liba.so",), runpath="$ORIGIN/../lib", musl=True, program=True),
                                     Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",), musl=True), Elf("pkg/lib/libb.so", musl=True)), True),
-    "musl-no-search-path": Case((Elf("pkg/bin/tool", ("pkg/lib/liba.so",), musl=True), Elf("pkg/lib/liba.so", musl=True)), False),
+    "musl-no-search-path": Case((Elf("pkg/bin/tool", ("pkg/lib/liba.so",), musl=True, program=True), Elf("pkg/lib/liba.so", musl=True)), False),
 }
-
-
-def _source(elf: Elf, needed: list[Elf], module: str | None) -> str:
-    calls = " + ".join(f"{n.function}()" for n in needed) or "0"
-    declarations = "".join(f"int {n.function}(void);\n" for n in needed)
-    if module:
-        return (f"#include <Python.h>\n{declarations}"
-                f"static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, \"{module}\", 0, -1, 0}};\n"
-                f"PyMODINIT_FUNC PyInit_{module}(void) {{ return {calls} > 0 ? PyModule_Create(&def) : 0; }}\n")
-    if elf.member.split("/")[-2] == "bin":
-        return f"{declarations}int main(void) {{ return {calls} > 0 ? 0 : 1; }}\n"
-    return f"{declarations}int {elf.function}(void) {{ return 1 + {calls}; }}\n"
-
-
-def _build(files: tuple[Elf, ...], others: tuple[Elf, ...], out: Path) -> dict[str, Path]:
-    """Compile ``files`` (dependencies first) under ``out``; returns member -> built file."""
-    built: dict[str, Path] = {}
-    everything = {e.member: e for e in (*files, *others)}
-    for elf in reversed(files):
-        target = out / elf.member
-        target.parent.mkdir(parents=True, exist_ok=True)
-        needed = [everything[m] for m in elf.needs]
-        module = elf.soname.split(".")[0] if elf.soname.endswith(EXT) else None
-        source = target.with_name(target.name + ".c")
-        source.write_text(_source(elf, needed, module))
-        args: list[str | Path] = ["musl-gcc" if elf.musl else "gcc", "-fPIC", source, "-o", target, "-Wl,--no-as-needed"]
-        if elf.member.split("/")[-2] != "bin":
-            args += ["-shared", f"-Wl,-soname,{elf.soname}"]
-        if module:
-            args += ["-I", PY_INCLUDE]
-        for dep in needed:
-            args += [f"-L{(out / dep.member).parent}", f"-l:{dep.soname}", f"-Wl,-rpath-link,{(out / dep.member).parent}"]
-        if elf.rpath:
-            args += ["-Wl,--disable-new-dtags", f"-Wl,-rpath,{elf.rpath}"]
-        if elf.runpath:
-            args += ["-Wl,--enable-new-dtags", f"-Wl,-rpath,{elf.runpath}"]
-        run(args)
-        built[elf.member] = target
-    return built
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +81,7 @@ def _site_packages(python: Path) -> Path:
 def _loads(python: Path, entry: Elf) -> tuple[bool, str]:
     """What the loader does with the installed entry point, without this process's LD_LIBRARY_PATH."""
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    if entry.musl:
+    if entry.program:
         argv = [str(_site_packages(python) / entry.member)]
     else:
         argv = [str(python), "-c", f"import {entry.member.removesuffix(EXT).replace('/', '.')}"]
@@ -150,8 +94,8 @@ def test_verdict_is_what_the_loader_does(name, tmp_path, platform_wheel, fresh_v
     case = CASES[name]
     if any(e.musl for e in case.files):
         request.getfixturevalue("musl_gcc")
-    provided = _build(case.provider, (), tmp_path / "build")
-    built = _build(case.files, case.provider, tmp_path / "build")
+    provided = build(case.provider, tmp_path / "build")
+    built = build(case.files, tmp_path / "build")
     wheels = [platform_wheel(tmp_path / "dist", "loadercase", built)]
     if case.provider:
         wheels.append(platform_wheel(tmp_path / "dist", "torchlike", provided))
@@ -169,8 +113,8 @@ def test_verdict_is_what_the_loader_does(name, tmp_path, platform_wheel, fresh_v
 
 
 def test_musl_libc_is_a_system_library(tmp_path, platform_wheel, musl_gcc):
-    program = Elf("pkg/bin/tool", musl=True)
-    wheel = platform_wheel(tmp_path, "muslcase", _build((program,), (), tmp_path / "build"), platform_tag="musllinux_1_2_x86_64")
+    program = Elf("pkg/bin/tool", musl=True, program=True)
+    wheel = platform_wheel(tmp_path, "muslcase", build((program,), tmp_path / "build"), platform_tag="musllinux_1_2_x86_64")
     report = verify_wheel(wheel, Expectations(), smoke=False)
     assert not [f for f in report.findings if f.check == "unresolved"], report.findings
     result = subprocess.run([sys.executable, "-m", "pipeline", "inspect", wheel], capture_output=True, text=True)
