@@ -15,6 +15,7 @@ from pathlib import Path
 from auditwheel.error import NonPlatformWheelError
 from auditwheel.wheel_abi import analyze_wheel_abi
 
+from .analyze import DEFAULT_LIBRARY_DIRS
 from .errors import RocwheelsError
 
 
@@ -33,7 +34,10 @@ def check_platform_tag(wheel: Path, tag: str, excludes: Sequence[str]) -> Allowe
     # auditwheel logs each file it reads at INFO: keep rocwheels' output to its own lines.
     logging.getLogger("auditwheel").setLevel(logging.WARNING)
     try:
-        abi = analyze_wheel_abi(None, None, wheel, frozenset(excludes), disable_isa_ext_check=False, allow_graft=True)
+        # The system folders only: not the build host's LD_LIBRARY_PATH (and not auditwheel's
+        # in-process cache of it, which a later lddtree call would inherit).
+        abi = analyze_wheel_abi(None, None, wheel, frozenset(excludes), disable_isa_ext_check=False, allow_graft=True,
+                                args_ldpaths=":".join(DEFAULT_LIBRARY_DIRS))
     except NonPlatformWheelError:
         return None
     best = abi.overall_policy
