@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from auditwheel.error import NonPlatformWheelError
+from auditwheel.error import AuditwheelError, NonPlatformWheelError
 from auditwheel.wheel_abi import analyze_wheel_abi
+from elftools.common.exceptions import ELFError
 
-from .analyze import DEFAULT_LIBRARY_DIRS
+from .analyze import DEFAULT_LIBRARY_DIRS, MUSL_LIBRARY_DIRS
 from .errors import RocwheelsError
 
 
@@ -33,13 +34,16 @@ def check_platform_tag(wheel: Path, tag: str, excludes: Sequence[str]) -> Allowe
     """
     # auditwheel logs each file it reads at INFO: keep rocwheels' output to its own lines.
     logging.getLogger("auditwheel").setLevel(logging.WARNING)
+    # The system folders of the tag's C library only: not the build host's LD_LIBRARY_PATH (nor
+    # auditwheel's in-process cache of it, which a later lddtree call would inherit).
+    folders = MUSL_LIBRARY_DIRS if tag.startswith("musllinux") else DEFAULT_LIBRARY_DIRS
     try:
-        # The system folders only: not the build host's LD_LIBRARY_PATH (and not auditwheel's
-        # in-process cache of it, which a later lddtree call would inherit).
         abi = analyze_wheel_abi(None, None, wheel, frozenset(excludes), disable_isa_ext_check=False, allow_graft=True,
-                                args_ldpaths=":".join(DEFAULT_LIBRARY_DIRS))
+                                args_ldpaths=":".join(folders))
     except NonPlatformWheelError:
         return None
+    except (AuditwheelError, ELFError) as exc:
+        return AllowedPlatform("unknown", f"auditwheel cannot analyse it for {tag}: {exc}")
     best = abi.overall_policy
     try:
         wanted = abi.policies.get_policy_by_name(tag)

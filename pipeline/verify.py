@@ -21,6 +21,7 @@ from packaging.version import Version
 
 from .analyze import (
     DEFAULT_LIBRARY_DIRS,
+    MUSL_LIBRARY_DIRS,
     Kind,
     TargetLayout,
     WheelAnalysis,
@@ -158,7 +159,7 @@ def _gpu_targets(analysis: WheelAnalysis, requested: tuple[str, ...] | None) -> 
 
 
 def _search_paths(analysis: WheelAnalysis, expect: Expectations) -> list[Finding]:
-    allowed = {expect.layout.rocm_lib_dir, *expect.extra_rpath, *DEFAULT_LIBRARY_DIRS}
+    allowed = {expect.layout.rocm_lib_dir, *expect.extra_rpath, *DEFAULT_LIBRARY_DIRS, *MUSL_LIBRARY_DIRS}
     findings = []
     for m in analysis.members:
         for entry in m.search_path:
