@@ -1,8 +1,9 @@
 """What is inside a wheel: its ELF files, the libraries they need and where those would come from.
 
 Shared by ``inspect`` (shows it) and ``verify`` (judges it). Resolution follows the dynamic
-loader in the *target* layout: the wheel unpacked in site-packages, ROCm's library folder on
-the host, and the packages the recipe links against (torch's ``torch/lib``).
+loader (glibc's or musl's rules, see :class:`Loader`) in the *target* layout: the wheel unpacked
+in site-packages, ROCm's library folder on the host, and the packages the recipe links against
+(torch's ``torch/lib``). tests/test_loader.py holds it to what the real loader does.
 """
 
 from __future__ import annotations

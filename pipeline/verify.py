@@ -2,8 +2,9 @@
 
 Checks, per wheel: (a) no ROCm library inside; (b) every needed library resolves in the target
 layout, and none would be loaded twice; (c) GPU code objects for exactly the requested targets;
-(d) no empty or build-machine RPATH entry; (e) platform tag and ``+rocm`` local version;
-(f) a smoke test in a fresh venv.
+(d) no empty or build-machine RPATH entry; (e) one platform tag, the lock line's, that the
+contents allow (auditwheel's policy analysis), and the ``+rocm`` local version; (f) a smoke test
+in a fresh venv.
 """
 
 from __future__ import annotations
