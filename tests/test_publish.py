@@ -150,7 +150,45 @@ def test_a_5xx_answer_to_the_upload_is_retried(tmp_path, login, make_wheel, stat
         publish(wheelhouse, url, attempts=2, backoff_seconds=0.05)
 
     assert f"upload to {url} failed: HTTPError: 501 (gave up after 2 attempts)" in str(failure.value)
-    assert _publish_log(wheelhouse).count("twine --no-color upload") == 2
+    assert _publish_log(wheelhouse).count("twine_once --no-color upload") == 2
+
+
+@pytest.mark.network
+def test_one_layer_decides_retries_one_post_per_attempt(tmp_path, login, make_wheel):
+    """twine's own five retries per file are off: two attempts send the wheel twice, not ten times."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posts = []
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            page = b"<html><body></body></html>" if self.path == "/simple/" else b""
+            self.send_response(200 if page else 404)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def do_POST(self):  # noqa: N802
+            posts.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    make_wheel(tmp_path / "wheelhouse", "rocm-canary", "0.1.0+rocm9.9")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RocwheelsError, match="gave up after 2 attempts"):
+            publish(tmp_path / "wheelhouse", f"http://127.0.0.1:{server.server_address[1]}/", attempts=2,
+                    backoff_seconds=0.05)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(posts) == 2
 
 
 @pytest.mark.network
