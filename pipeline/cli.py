@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 
 from . import lock as lockmod
-from .errors import RocwheelsError
+from .errors import InputError, Interrupted, RocwheelsError
 from .constraints import check_constraints, compile_constraints
 from .layout import Layout
+from .locking import wheelhouse_lock
 from .log import setup_logging
 from .plan import (
     Plan,
@@ -160,7 +161,8 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
     from .wheels import make_wheels, summary_table
 
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
-    outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
         raise RocwheelsError("some recipes failed; their logs are in " + str(obj.layout.logs))
@@ -187,14 +189,15 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
     """
     from .repair import RepairSettings, repair_wheel
 
-    for wheel in _wheel_paths(wheels):
-        recipe, line = wheel_origin(obj.layout, wheel, rocm)
-        settings = RepairSettings.for_recipe(recipe, line).extended(
-            excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
-            rocm_lib_dir=rocm_lib_dir, plat=plat,
-        )
-        repaired = repair_wheel(wheel, (wheel_dir or obj.layout.wheelhouse).resolve(), settings)
-        click.echo(str(repaired))
+    output = (wheel_dir or obj.layout.wheelhouse).resolve()
+    with wheelhouse_lock(output):
+        for wheel in _wheel_paths(wheels):
+            recipe, line = wheel_origin(obj.layout, wheel, rocm)
+            settings = RepairSettings.for_recipe(recipe, line).extended(
+                excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
+                rocm_lib_dir=rocm_lib_dir, plat=plat,
+            )
+            click.echo(str(repair_wheel(wheel, output, settings)))
 
 
 @cli.command("verify")
@@ -217,7 +220,10 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
         verify_wheel,
     )
 
-    targets = tuple(t.processor for t in parse_targets(arch)) if arch else None
+    # --arch "" is a mistake, not "no target check": only a missing --arch skips the check.
+    targets = tuple(t.processor for t in parse_targets(arch)) if arch is not None else None
+    # The smoke test's venv is made in the work folder, which a fresh clone does not have yet.
+    obj.layout.work_dir.mkdir(parents=True, exist_ok=True)
     reports = []
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
@@ -261,7 +267,8 @@ def publish_command(obj: Context, repository: str, simple_url: str | None, confi
     """Upload the wheelhouse's wheels with twine; files already there (same sha256) are skipped."""
     from .publish import publish
 
-    result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
     click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there")
 
 
@@ -275,15 +282,21 @@ def index_group() -> None:
 def index_build(obj: Context) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
     requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
-    from .index import build_static_index, wheels_by_label, write_constraints, write_requirements
+    from .index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
 
-    lines = wheels_by_label(obj.layout.wheelhouse, label_aliases(obj.layout))
-    for root in build_static_index(obj.layout.wheelhouse, lines):
-        click.echo(f"index: {root}/")
-    for path in write_constraints(obj.layout.wheelhouse, lines):
-        click.echo(f"constraints: {path}")
-    for path in write_requirements(obj.layout.wheelhouse, lines):
-        click.echo(f"requirements: {path}")
+    aliases = label_aliases(obj.layout)
+    if not obj.layout.wheelhouse.is_dir():
+        raise InputError(f"no wheelhouse at {obj.layout.wheelhouse}",
+                         fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse")
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        lines = wheels_by_label(obj.layout.wheelhouse, aliases)
+        check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
+        for root in build_static_index(obj.layout.wheelhouse, lines):
+            click.echo(f"index: {root}/")
+        for path in write_constraints(obj.layout.wheelhouse, lines):
+            click.echo(f"constraints: {path}")
+        for path in write_requirements(obj.layout.wheelhouse, lines):
+            click.echo(f"requirements: {path}")
 
 
 @index_group.command("add-user")
@@ -301,7 +314,7 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 @click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True)
 @click.option("--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
-@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
     """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login."""
     from .serve import serve
@@ -415,11 +428,21 @@ def driver_for(driver: str, plan: Plan, layout: Layout):
 
 
 def main() -> None:
+    """The one place the project's errors become messages and exit statuses: 2 bad input (usage,
+    recipe, lock, option values), 1 a failed check or step, 128 + N for signal N (130 Ctrl-C, 143
+    SIGTERM); never a traceback for any of them."""
+    from .interrupts import interruptible
+
     try:
-        cli(standalone_mode=False)
+        with interruptible():
+            cli(standalone_mode=False)
     except RocwheelsError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
+    except Interrupted as exc:
+        click.echo(f"interrupted by signal {exc.signum}: temporary files removed; run the command again to continue",
+                   err=True)
+        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

@@ -274,8 +274,10 @@ def label_aliases(layout: Layout) -> dict[str, str]:
     if not (layout.recipes_dir / LOCK_FILE).is_file():
         return {}
     recipes = load_recipes(layout.recipes_dir)
+    lock_file = lockmod.load_lock(layout.recipes_dir)
+    lockmod.check_lock(lock_file, recipes)  # a pin without its recipe is explained, not a KeyError
     aliases = {}
-    for line_name, line in lockmod.load_lock(layout.recipes_dir).lock.lines.items():
+    for line_name, line in lock_file.lock.lines.items():
         for name in line.versions:
             label = wheel_version(at_line(recipes[name], line_name, line, layout.recipes_dir), line).split("+", 1)[1]
             if label != line.local_version:

@@ -14,6 +14,7 @@ import io
 import os
 import re
 import shutil
+import stat
 import tempfile
 import zipfile
 import zlib
@@ -75,12 +76,15 @@ def open_wheel(path: Path) -> Iterator[zipfile.ZipFile]:
             raise RocwheelsError(f"{path}: damaged zip archive ({exc})", fix=_REBUILD) from None
 
 
-def check_wheel(path: Path, *, verify_hashes: bool = False) -> WheelInfo:
+def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
     """Check that ``path`` is a wheel every later step can open safely, and describe it.
 
     Checks the file name, that every member path stays inside the wheel, one ``.dist-info``
     folder matching the name with WHEEL, METADATA and RECORD, and that RECORD and the archive
-    list the same files. ``verify_hashes`` also reads every member and compares its RECORD hash.
+    list the same files. ``verify_hashes`` (the default: every stage checks them, so a member
+    changed after the build is caught before repair writes a RECORD that hides the change) reads
+    every member and compares its RECORD hash and size. Symbolic links are refused: pip would
+    install them as regular files holding the link target's name.
     """
     try:
         filename_name, filename_version, _, _ = parse_wheel_filename(path.name)
@@ -90,6 +94,10 @@ def check_wheel(path: Path, *, verify_hashes: bool = False) -> WheelInfo:
         infos = archive.infolist()
         for info in infos:
             _check_member_path(path, info.filename, "member")
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise RocwheelsError(
+                    f"{path}: member {info.filename} is a symbolic link; installers write it as a regular file",
+                    fix="build the wheel without symlinks (copy the file, or set the library's RPATH instead)")
         repeated = sorted(name for name, count in Counter(i.filename for i in infos).items() if count > 1)
         if repeated:
             raise RocwheelsError(f"{path}: members stored more than once: {_some(repeated)}", fix=_REBUILD)
@@ -333,7 +341,8 @@ def _verify_hashes(path: Path, archive: zipfile.ZipFile, record: dict[str, tuple
                 digest.update(chunk)
                 length += len(chunk)
         if _format_hash(digest) != recorded or (size and size != str(length)):
-            raise RocwheelsError(f"{path}: {name} does not match its RECORD hash or size", fix=_REBUILD)
+            raise RocwheelsError(f"{path}: member {name} does not match its RECORD hash or size: it changed after the wheel was built",
+                                 fix="do not install, repair or publish this file; rebuild the wheel from its recipe")
 
 
 def _headers(archive: zipfile.ZipFile, name: str) -> Message:
