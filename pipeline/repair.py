@@ -25,7 +25,7 @@ import sysconfig
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -33,6 +33,7 @@ from . import cmd
 from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
+from .requirements import pin_requirements
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .wheelfile import (
     check_wheel,
@@ -74,6 +75,7 @@ def repair_wheel(
     link_packages: Sequence[str] = (),
     extra_rpath: Sequence[str] = (),
     plat: str | None = None,
+    pins: Mapping[str, str] = {},
     log_file: Path | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     compression_level: int = ZIP_LEVEL,
@@ -83,7 +85,8 @@ def repair_wheel(
     ``extra_excludes`` are soname patterns the target provides besides ROCm; ``link_packages``
     (see :class:`LinkPackage`) are libraries found in other installed packages; ``extra_rpath``
     entries are added to every file that needs a library from outside the wheel. ``plat`` is a
-    manylinux tag to insist on; by default auditwheel picks the most compatible one.
+    manylinux tag to insist on; by default auditwheel picks the most compatible one. ``pins``
+    (distribution -> exact version) become exact ``Requires-Dist`` pins (pipeline/requirements.py).
     ``compression_level`` is the deflate level of the written wheel (1 for quick local loops).
     """
     log = logger or logging.getLogger(LOGGER)
@@ -104,12 +107,15 @@ def repair_wheel(
         result = check_wheel(repaired)
         tag = _one_platform_tag(raw.platform_tags, result.platform_tags)
         wheel_member = f"{result.dist_info}/WHEEL"
+        metadata_member = f"{result.dist_info}/METADATA"
         with open_wheel(repaired) as archive:
             wheel_text = archive.read(wheel_member).decode("utf-8")
+            metadata = archive.read(metadata_member).decode("utf-8")
+        pinned = {metadata_member: pin_requirements(metadata, pins).encode("utf-8")} if pins else {}
         final = rewrite_wheel(
             repaired,
             wheelhouse / replace_platform_tag(repaired.name, tag),
-            replace={**patched, wheel_member: _retag(wheel_text, tag).encode("utf-8")},
+            replace={**patched, wheel_member: _retag(wheel_text, tag).encode("utf-8"), **pinned},
             compression_level=compression_level,
         )
     log.info(

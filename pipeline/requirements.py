@@ -9,15 +9,24 @@ matches ``==2.14.1+rocm7.2`` against that local label, where ``==2.14.1`` would 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from .errors import RocwheelsError
+from .recipes import Recipe
+from .wheelfile import check_wheel, open_wheel, rewrite_wheel
 
 _FIELD = "Requires-Dist"
+
+
+def linked_builds(recipe: Recipe, dependencies: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """What ``recipe``'s wheels must require exactly (distribution -> version): the line's builds
+    of its depends_on recipes (``dependencies``) and the build wheels it is built against."""
+    return {**dict(dependencies), **dict(wheel.pin for wheel in recipe.build.wheels)}
 
 
 def pin_requirements(metadata: str, pins: Mapping[str, str]) -> str:
@@ -44,6 +53,14 @@ def pin_requirements(metadata: str, pins: Mapping[str, str]) -> str:
     last = max((i for i, line in enumerate(out) if line.startswith(f"{_FIELD}:")), default=len(out) - 1)
     out[last + 1:last + 1] = missing
     return "\n".join(out) + separator + body
+
+
+def pin_wheel(wheel: Path, dest_dir: Path, pins: Mapping[str, str]) -> Path:
+    """``wheel`` written into ``dest_dir`` (same name) with its METADATA pinned; RECORD follows."""
+    member = f"{check_wheel(wheel).dist_info}/METADATA"
+    with open_wheel(wheel) as archive:
+        metadata = archive.read(member).decode("utf-8")
+    return rewrite_wheel(wheel, dest_dir / wheel.name, replace={member: pin_requirements(metadata, pins).encode("utf-8")})
 
 
 def exact_requirements(metadata: str) -> dict[str, str]:

@@ -3,7 +3,7 @@
 Checks, per wheel: (a) no ROCm library inside; (b) every needed library resolves in the target
 layout, and none would be loaded twice; (c) GPU code objects for exactly the requested targets;
 (d) no empty or build-machine RPATH entry; (e) platform tag and ``+rocm`` local version;
-(f) a smoke test in a fresh venv.
+(f) exact Requires-Dist pins on the builds it links against; (g) a smoke test in a fresh venv.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import json
 import posixpath
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
 from .analyze import (
@@ -30,8 +30,10 @@ from .analyze import (
 from .lock import Line
 from .provenance import check_record
 from .recipes import Recipe, Smoke
+from .requirements import exact_requirements
 from .rocm_policy import LinkPackage, load_policy
 from .smoke import smoke_test
+from .wheelfile import open_wheel
 
 ERROR, WARNING = "error", "warning"
 # auditwheel's name for a grafted copy: libfoo-<8 hex>.so.1
@@ -51,6 +53,8 @@ class Expectations:
     # depends_on pins (torch==2.5.1+rocm6.2) the smoke test installs too, from find_links
     smoke_requirements: tuple[str, ...] = ()
     find_links: Path | None = None
+    # distribution -> exact version the wheel must require (the builds it links against)
+    pins: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         *_gpu_targets(analysis, expect.targets),
         *_search_paths(analysis, expect),
         *_tags_and_version(analysis, expect.version, expect.platform),
+        *_pinned_requirements(analysis, expect.pins),
         _provenance(wheel),
     ]
     if smoke and expect.smoke is not None:
@@ -189,6 +194,19 @@ def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, exp
     return findings
 
 
+def _pinned_requirements(analysis: WheelAnalysis, pins: Mapping[str, str]) -> list[Finding]:
+    """An extension must require exactly the builds it links against, or pip may pair it with another torch."""
+    if not pins:
+        return []
+    with open_wheel(analysis.info.path) as archive:
+        exact = exact_requirements(archive.read(f"{analysis.info.dist_info}/METADATA").decode("utf-8"))
+    return [
+        Finding(ERROR, "requires", f"Requires-Dist does not pin {name}=={version} (pins: {', '.join(f'{n}=={v}' for n, v in exact.items()) or 'none'}): "
+                "pip could install it next to another build (repair writes the pins)")
+        for name, version in pins.items() if exact.get(canonicalize_name(name)) != version
+    ]
+
+
 def format_report(report: Report) -> str:
     status = "OK" if report.ok else "FAILED"
     lines = [f"{report.wheel.name}: {status}"]
@@ -205,9 +223,10 @@ def reports_json(reports: Sequence[Report]) -> str:
 
 
 def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None, *, version: str | None = None,
-                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None) -> Expectations:
+                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None,
+                     pins: Mapping[str, str] | None = None) -> Expectations:
     """What a wheel of ``recipe`` built for ``line`` must be."""
     links = tuple(LinkPackage.parse(entry) for entry in recipe.repair.link_packages)
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
     return Expectations(layout=layout, targets=targets, version=version, platform=line.platform, extra_rpath=recipe.repair.rpath,
-                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links)
+                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=dict(pins or {}))

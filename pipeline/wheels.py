@@ -25,6 +25,8 @@ from .plan import Plan, Step
 from .progress import long_step
 from .provenance import fingerprints, is_current, record_path, write_record
 from .repair import repair_wheel
+from .requirements import linked_builds, pin_wheel
+from .sources import fetch_build_wheels
 from .verify import expectations_for, format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
@@ -81,21 +83,23 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
         built = driver(step, layout, on_output)
     recipe = step.recipe
     staging = fresh_dir(layout.staging(step.name))
+    pins = linked_builds(recipe, step.dependencies)
     repaired = []
     for wheel in built.paths:
-        if built.repaired:
-            repaired.append(wheel)
+        if built.repaired:  # in the builder image, which knows nothing of the line's other builds
+            repaired.append(pin_wheel(wheel, staging, pins) if pins else wheel)
             continue
         logger.info("repairing %s", wheel.name)
         repaired.append(repair_wheel(
             wheel, staging, extra_excludes=recipe.repair.exclude, rocm_lib_dir=plan.line.lib_dir,
             link_packages=recipe.repair.link_packages, extra_rpath=recipe.repair.rpath, plat=plan.line.platform,
-            log_file=log_file, logger=logger,
+            pins=pins, log_file=log_file, logger=logger,
         ))
-    pins = tuple(f"{name}=={version}" for name, version in step.dependencies)
+    # The smoke test installs the exact builds next to the wheel: the line's from the wheelhouse, build wheels from their files.
+    requirements = (*(f"{name}=={version}" for name, version in pins.items()), *map(str, fetch_build_wheels(recipe, layout.recipes_dir, logger)))
     targets = tuple(t.processor for t in plan.targets) if recipe.gpu_code else None  # a fallback may compile no GPU code
-    expect = expectations_for(recipe, plan.line, targets, version=step.wheel_version,
-                              smoke_requirements=pins, find_links=layout.wheelhouse if pins else None)
+    expect = expectations_for(recipe, plan.line, targets, version=step.wheel_version, pins=pins,
+                              smoke_requirements=requirements, find_links=layout.wheelhouse if step.dependencies else None)
     for wheel in repaired:
         logger.info("verifying %s", wheel.name)
         report = verify_wheel(wheel, expect, log_file=log_file, scratch=layout.work_dir)
