@@ -181,7 +181,7 @@ def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, exp
     platforms = info.platform_tags
     if len(platforms) != 1:
         findings.append(Finding(ERROR, "tags", f"{len(platforms)} platform tags in the file name ({'.'.join(platforms)}): keep one"))
-    elif expected_platform and platforms != (expected_platform,):
+    elif expected_platform and platforms not in ((expected_platform,), ("any",)):  # a pure wheel runs on any platform
         findings.append(Finding(ERROR, "tags", f"platform tag {platforms[0]}, but the lock line says {expected_platform}"))
     if any(p.startswith("linux_") for p in platforms) and analysis.members:
         findings.append(Finding(ERROR, "tags", "platform tag linux_*: the wheel was not repaired (rocwheels repair)"))

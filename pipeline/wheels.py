@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
@@ -86,7 +87,10 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
     pins = linked_builds(recipe, step.dependencies)
     repaired = []
     for wheel in built.paths:
-        if built.repaired:  # in the builder image, which knows nothing of the line's other builds
+        pure = all(tag.platform == "any" for tag in parse_wheel_filename(wheel.name)[3])
+        # Repaired in the builder image (which knows nothing of the line's other builds), or no
+        # compiled code to repair (flash-attention's Triton backend): only the pins to write.
+        if built.repaired or pure:
             repaired.append(pin_wheel(wheel, staging, pins) if pins else wheel)
             continue
         logger.info("repairing %s", wheel.name)
