@@ -9,7 +9,7 @@ matches ``==2.14.1+rocm7.2`` against that local label, where ``==2.14.1`` would 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -23,22 +23,21 @@ from .wheelfile import check_wheel, open_wheel, rewrite_wheel
 _FIELD = "Requires-Dist"
 
 
-def linked_builds(recipe: Recipe, dependencies: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """What ``recipe``'s wheels must require exactly (distribution -> version): the line's builds
-    of its depends_on recipes (``dependencies``) and the build wheels it is built against."""
-    return {**dict(dependencies), **dict(wheel.pin for wheel in recipe.build.wheels)}
+def linked_builds(recipe: Recipe, dependencies: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """What ``recipe``'s wheels must require exactly (``torch==2.14.1+rocm7.2``): the line's builds
+    of its depends_on recipes (``dependencies``: distribution, version) and its build wheels."""
+    return tuple(f"{name}=={version}" for name, version in (*dependencies, *(wheel.pin for wheel in recipe.build.wheels)))
 
 
-def pin_requirements(metadata: str, pins: Mapping[str, str]) -> str:
-    """``metadata`` (a METADATA file's text) with every ``Requires-Dist`` on a name in ``pins``
-    (distribution -> exact version) pinned to ``==version``; markers and extras stay. A pinned
-    distribution the metadata does not require unconditionally is added: the wheel links it."""
-    wanted = {canonicalize_name(name): version for name, version in pins.items()}
+def pin_requirements(metadata: str, pins: Iterable[str]) -> str:
+    """``metadata`` (a METADATA file's text) with every ``Requires-Dist`` on the project of a pin
+    (``torch==2.14.1+rocm7.2``) pinned to that version; markers and extras stay. A pinned project
+    the metadata does not require unconditionally is added: the wheel links it."""
+    wanted = {canonicalize_name(name): version for name, version in map(_exact, pins)}
     header, separator, body = _split(metadata)
-    lines = header.split("\n")
     unconditional: set[str] = set()
     out = []
-    for line in lines:
+    for line in header.split("\n"):
         requirement = _requirement(line)
         name = canonicalize_name(requirement.name) if requirement else None
         if requirement is None or name not in wanted:
@@ -55,7 +54,13 @@ def pin_requirements(metadata: str, pins: Mapping[str, str]) -> str:
     return "\n".join(out) + separator + body
 
 
-def pin_wheel(wheel: Path, dest_dir: Path, pins: Mapping[str, str]) -> Path:
+def missing_pins(metadata: str, pins: Iterable[str]) -> list[str]:
+    """The pins (``torch==2.14.1+rocm7.2``) that ``metadata`` does not require exactly and unconditionally."""
+    exact = exact_requirements(metadata)
+    return [pin for pin in pins if exact.get(canonicalize_name(_exact(pin)[0])) != _exact(pin)[1]]
+
+
+def pin_wheel(wheel: Path, dest_dir: Path, pins: Iterable[str]) -> Path:
     """``wheel`` written into ``dest_dir`` (same name) with its METADATA pinned; RECORD follows."""
     member = f"{check_wheel(wheel).dist_info}/METADATA"
     with open_wheel(wheel) as archive:
@@ -80,6 +85,15 @@ def _split(metadata: str) -> tuple[str, str, str]:
     """Header fields, the blank line, and the description body (which may hold anything)."""
     header, separator, body = metadata.partition("\n\n")
     return header.rstrip("\n"), "\n\n" if separator else "\n", body
+
+
+def _exact(pin: str) -> tuple[str, str]:
+    """(project, version) of ``name==version``."""
+    requirement = Requirement(pin)
+    specs = list(requirement.specifier)
+    if len(specs) != 1 or specs[0].operator != "==" or requirement.marker is not None:
+        raise RocwheelsError(f"{pin!r} is not an exact pin", fix="write it as name==version, e.g. torch==2.14.1+rocm7.2")
+    return requirement.name, specs[0].version
 
 
 def _requirement(line: str) -> Requirement | None:

@@ -12,11 +12,11 @@ import json
 import posixpath
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from .analyze import (
@@ -30,7 +30,7 @@ from .analyze import (
 from .lock import Line
 from .provenance import check_record
 from .recipes import Recipe, Smoke
-from .requirements import exact_requirements
+from .requirements import missing_pins
 from .rocm_policy import LinkPackage, load_policy
 from .smoke import smoke_test
 from .targets import runs_on
@@ -54,8 +54,8 @@ class Expectations:
     # depends_on pins (torch==2.5.1+rocm6.2) the smoke test installs too, from find_links
     smoke_requirements: tuple[str, ...] = ()
     find_links: Path | None = None
-    # distribution -> exact version the wheel must require (the builds it links against)
-    pins: Mapping[str, str] = field(default_factory=dict)
+    # exact requirements the wheel must carry: the builds it links against (torch==2.14.1+rocm7.2)
+    pins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -196,16 +196,15 @@ def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, exp
     return findings
 
 
-def _pinned_requirements(analysis: WheelAnalysis, pins: Mapping[str, str]) -> list[Finding]:
+def _pinned_requirements(analysis: WheelAnalysis, pins: tuple[str, ...]) -> list[Finding]:
     """An extension must require exactly the builds it links against, or pip may pair it with another torch."""
     if not pins:
         return []
     with open_wheel(analysis.info.path) as archive:
-        exact = exact_requirements(archive.read(f"{analysis.info.dist_info}/METADATA").decode("utf-8"))
+        metadata = archive.read(f"{analysis.info.dist_info}/METADATA").decode("utf-8")
     return [
-        Finding(ERROR, "requires", f"Requires-Dist does not pin {name}=={version} (pins: {', '.join(f'{n}=={v}' for n, v in exact.items()) or 'none'}): "
-                "pip could install it next to another build (repair writes the pins)")
-        for name, version in pins.items() if exact.get(canonicalize_name(name)) != version
+        Finding(ERROR, "requires", f"Requires-Dist does not pin {pin}: pip could install it next to another build (repair writes the pins)")
+        for pin in missing_pins(metadata, pins)
     ]
 
 
@@ -226,9 +225,9 @@ def reports_json(reports: Sequence[Report]) -> str:
 
 def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None, *, version: str | None = None,
                      smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None,
-                     pins: Mapping[str, str] | None = None) -> Expectations:
+                     pins: tuple[str, ...] = ()) -> Expectations:
     """What a wheel of ``recipe`` built for ``line`` must be."""
     links = tuple(LinkPackage.parse(entry) for entry in recipe.repair.link_packages)
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
     return Expectations(layout=layout, targets=targets, version=version, platform=line.platform, extra_rpath=recipe.repair.rpath,
-                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=dict(pins or {}))
+                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=pins)

@@ -25,7 +25,7 @@ from .log import recipe_logger
 from .plan import Plan, Step
 from .progress import long_step
 from .provenance import fingerprints, is_current, record_path, write_record
-from .repair import repair_wheel
+from .repair import RepairSettings, repair_wheel
 from .requirements import linked_builds, pin_wheel
 from .sources import fetch_build_wheels
 from .verify import expectations_for, format_report, verify_wheel
@@ -85,6 +85,7 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
     recipe = step.recipe
     staging = fresh_dir(layout.staging(step.name))
     pins = linked_builds(recipe, step.dependencies)
+    settings = RepairSettings.for_recipe(recipe, plan.line).extended(requires_pins=pins)
     repaired = []
     for wheel in built.paths:
         pure = all(tag.platform == "any" for tag in parse_wheel_filename(wheel.name)[3])
@@ -94,13 +95,9 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
             repaired.append(pin_wheel(wheel, staging, pins) if pins else wheel)
             continue
         logger.info("repairing %s", wheel.name)
-        repaired.append(repair_wheel(
-            wheel, staging, extra_excludes=recipe.repair.exclude, rocm_lib_dir=plan.line.lib_dir,
-            link_packages=recipe.repair.link_packages, extra_rpath=recipe.repair.rpath, plat=plan.line.platform,
-            pins=pins, log_file=log_file, logger=logger,
-        ))
+        repaired.append(repair_wheel(wheel, staging, settings, log_file=log_file, logger=logger))
     # The smoke test installs the exact builds next to the wheel: the line's from the wheelhouse, build wheels from their files.
-    requirements = (*(f"{name}=={version}" for name, version in pins.items()), *map(str, fetch_build_wheels(recipe, layout.recipes_dir, logger)))
+    requirements = (*pins, *map(str, fetch_build_wheels(recipe, layout.recipes_dir, logger)))
     targets = tuple(t.processor for t in plan.targets) if recipe.gpu_code else None  # a fallback may compile no GPU code
     expect = expectations_for(recipe, plan.line, targets, version=step.wheel_version, pins=pins,
                               smoke_requirements=requirements, find_links=layout.wheelhouse if step.dependencies else None)
