@@ -22,7 +22,7 @@ from .errors import RocwheelsError
 from .layout import Layout, fresh_dir
 from .log import recipe_logger
 from .plan import Step
-from .sources import prepare_source
+from .sources import fetch_build_wheels, prepare_source
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,11 @@ def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: 
     if step.constraints:
         # The line's locked build environment, every file hash-checked; what follows is satisfied by it.
         run([*pip, "--require-hashes", "--no-deps", "-r", step.constraints], log_file=log_file, logger=logger)
+    build_wheels = fetch_build_wheels(step.recipe, layout.recipes_dir, logger)
+    if build_wheels:
+        # Prebuilt wheels the package is built against (hash-checked when fetched). No bytecode:
+        # a throwaway venv, and torch's thousands of modules would take minutes to compile.
+        run([*pip, "--no-compile", *build_wheels], log_file=log_file, logger=logger)
     pins = [f"{name}=={version}" for name, version in step.dependencies]
     links = ["--find-links", layout.wheelhouse] if pins else []
     run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)

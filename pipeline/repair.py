@@ -30,12 +30,12 @@ from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
 from .platform_tag import require_platform_tag
+from .requirements import pin_requirements
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .wheelfile import (
     check_wheel,
     extract,
     open_wheel,
-    pin_requirements,
     replace_platform_tag,
     rewrite_wheel,
 )

@@ -3,8 +3,8 @@
 Checks, per wheel: (a) no ROCm library inside; (b) every needed library resolves in the target
 layout, and none would be loaded twice; (c) GPU code objects for exactly the requested targets;
 (d) no empty or build-machine RPATH entry; (e) one platform tag, the lock line's, that the
-contents allow (auditwheel's policy analysis), and the ``+rocm`` local version; (f) a smoke test
-in a fresh venv.
+contents allow (auditwheel's policy analysis), and the ``+rocm`` local version; (f) exact
+Requires-Dist pins on the builds it links against; (g) a smoke test in a fresh venv.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from .lock import Line
 from .platform_tag import check_platform_tag
 from .provenance import check_record
 from .recipes import Recipe, Smoke
+from .requirements import missing_pins
 from .rocm_policy import LinkPackage, load_policy
 from .smoke import smoke_test
 from .targets import runs_on
+from .wheelfile import open_wheel
 
 ERROR, WARNING = "error", "warning"
 # auditwheel's name for a grafted copy: libfoo-<8 hex>.so.1
@@ -55,6 +57,8 @@ class Expectations:
     # depends_on pins (torch==2.5.1+rocm6.2) the smoke test installs too, from find_links
     smoke_requirements: tuple[str, ...] = ()
     find_links: Path | None = None
+    # exact requirements the wheel must carry: the builds it links against (torch==2.14.1+rocm7.2)
+    pins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         *_search_paths(analysis, expect),
         *_tags_and_version(analysis, expect.version, expect.platform),
         *_platform_allowed(analysis, expect.layout),
+        *_pinned_requirements(analysis, expect.pins),
         _provenance(wheel),
     ]
     if smoke and expect.smoke is not None:
@@ -180,7 +185,7 @@ def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, exp
     platforms = info.platform_tags
     if len(platforms) != 1:
         findings.append(Finding(ERROR, "tags", f"{len(platforms)} platform tags in the file name ({'.'.join(platforms)}): keep one"))
-    elif expected_platform and platforms != (expected_platform,):
+    elif expected_platform and platforms not in ((expected_platform,), ("any",)):  # a pure wheel runs on any platform
         findings.append(Finding(ERROR, "tags", f"platform tag {platforms[0]}, but the lock line says {expected_platform}"))
     if any(p.startswith("linux_") for p in platforms) and analysis.members:
         findings.append(Finding(ERROR, "tags", "platform tag linux_*: the wheel was not repaired (rocwheels repair)"))
@@ -208,6 +213,18 @@ def _platform_allowed(analysis: WheelAnalysis, layout: TargetLayout) -> list[Fin
     return findings
 
 
+def _pinned_requirements(analysis: WheelAnalysis, pins: tuple[str, ...]) -> list[Finding]:
+    """An extension must require exactly the builds it links against, or pip may pair it with another torch."""
+    if not pins:
+        return []
+    with open_wheel(analysis.info.path) as archive:
+        metadata = archive.read(f"{analysis.info.dist_info}/METADATA").decode("utf-8")
+    return [
+        Finding(ERROR, "requires", f"Requires-Dist does not pin {pin}: pip could install it next to another build (repair writes the pins)")
+        for pin in missing_pins(metadata, pins)
+    ]
+
+
 def format_report(report: Report) -> str:
     status = "OK" if report.ok else "FAILED"
     lines = [f"{report.wheel.name}: {status}"]
@@ -224,9 +241,10 @@ def reports_json(reports: Sequence[Report]) -> str:
 
 
 def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None, *, version: str | None = None,
-                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None) -> Expectations:
+                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None,
+                     pins: tuple[str, ...] = ()) -> Expectations:
     """What a wheel of ``recipe`` built for ``line`` must be."""
     links = tuple(LinkPackage.parse(entry) for entry in recipe.repair.link_packages)
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
     return Expectations(layout=layout, targets=targets, version=version, platform=line.platform, extra_rpath=recipe.repair.rpath,
-                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links)
+                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=pins)
