@@ -63,7 +63,7 @@ class ElfMember:
 class TargetLayout:
     """Where excluded libraries come from on the machine that installs the wheel."""
 
-    rocm_lib_dir: str = "/opt/rocm/lib"
+    rocm_lib_dir: str | None = "/opt/rocm/lib"  # None: ROCm from pip packages, among link_packages
     link_packages: tuple[LinkPackage, ...] = ()  # torch's libraries from site-packages/torch/lib
     policy: RocmPolicy = field(default_factory=load_policy)
 
@@ -155,6 +155,11 @@ def _resolve(soname: str, folders: Sequence[str], by_folder: dict[str, dict[str,
         found = by_folder.get(folder, {}).get(soname)
         if found:
             return Dependency(soname, Kind.BUNDLED, found)
+    if layout.policy.is_rocm(soname) and layout.rocm_lib_dir is None:
+        # ROCm from pip packages (a `wheels` line): one of their folders must be on the search path.
+        folders_of_packages = [link.lib_dir for link in layout.link_packages if link.provides(soname)]
+        reached = next((f for f in folders_of_packages if f in folders), None)
+        return Dependency(soname, Kind.ROCM, reached, "" if reached else f"the search path reaches none of the ROCm packages' folders {', '.join(folders_of_packages)}")
     if layout.policy.is_rocm(soname):
         reachable = [f for f in folders if f == layout.rocm_lib_dir] or [d for d in DEFAULT_LIBRARY_DIRS if d == layout.rocm_lib_dir]
         if reachable:

@@ -175,25 +175,33 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
 @click.option("--link-package", multiple=True, help="'<folder in site-packages>:<soname patterns>' (repeatable), e.g. torch/lib:libtorch*.so*")
 @click.option("--rpath", multiple=True, help="extra RPATH entry to keep (repeatable)")
 @click.option("--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)")
+@click.option("--rocm-provider", type=click.Choice(["system", "wheels"]), default=None,
+              help="wheels: ROCm from pip packages (TheRock), reached by $ORIGIN RPATHs (default: the lock line's, else system)")
+@click.option("--requires-dist", multiple=True, help="requirement added to METADATA, e.g. 'rocm[libraries]==10.0.*' (repeatable)")
 @click.pass_obj
 def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | None, rocm: str | None, rocm_lib_dir: str | None,
-                   exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None) -> None:
+                   exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None,
+                   rocm_provider: str | None, requires_dist: tuple[str, ...]) -> None:
     """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
 
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
     the options given (inside the builder container only the options apply).
     """
     from .repair import repair_wheel
+    from .rocm_wheels import package_links
+    from .rocm_wheels import requires_dist as line_requires
 
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
         repair = recipe.repair if recipe else Repair()
+        from_packages = (rocm_provider or (line.rocm_provider if line else "system")) == "wheels"
         repaired = repair_wheel(
             wheel, (wheel_dir or obj.layout.wheelhouse).resolve(),
             extra_excludes=(*repair.exclude, *exclude),
-            rocm_lib_dir=rocm_lib_dir or (line.lib_dir if line else "/opt/rocm/lib"),
-            link_packages=(*repair.link_packages, *link_package), extra_rpath=(*repair.rpath, *rpath),
-            plat=plat or (line.platform if line else None),
+            rocm_lib_dir=None if from_packages else rocm_lib_dir or (line.lib_dir if line else None) or "/opt/rocm/lib",
+            link_packages=(*repair.link_packages, *link_package, *(package_links() if from_packages else ())),
+            requires_dist=(*(line_requires(line) if line else ()), *requires_dist),
+            extra_rpath=(*repair.rpath, *rpath), plat=plat or (line.platform if line else None),
         )
         click.echo(str(repaired))
 

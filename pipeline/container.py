@@ -43,6 +43,7 @@ from .lock import Line
 from .log import recipe_logger
 from .plan import Plan, Step
 from .recipes import LOCK_FILE, Smoke
+from .rocm_wheels import requires_dist
 from .smoke import gpu_present
 from .sources import cache_dir, prepare_source
 from .wheels import Driver
@@ -199,7 +200,9 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
 def repair_command(plan: Plan, step: Step) -> str:
     """The compiler cache statistics of the build just done, then ``rocwheels repair`` in the image."""
     line, repair = plan.line, step.recipe.repair
-    options = ["--rocm-lib-dir", line.lib_dir]
+    options = ["--rocm-provider", "wheels"] if line.lib_dir is None else ["--rocm-lib-dir", line.lib_dir]
+    for requirement in requires_dist(line):
+        options += ["--requires-dist", requirement]
     if line.platform:
         options += ["--plat", line.platform]
     for flag, values in (("--exclude", repair.exclude), ("--link-package", repair.link_packages), ("--rpath", repair.rpath)):

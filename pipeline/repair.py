@@ -34,6 +34,7 @@ from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
+from .rocm_wheels import add_requires_dist
 from .wheelfile import (
     check_wheel,
     extract,
@@ -70,8 +71,9 @@ def repair_wheel(
     wheelhouse: Path,
     *,
     extra_excludes: Sequence[str] = (),
-    rocm_lib_dir: str = "/opt/rocm/lib",
+    rocm_lib_dir: str | None = "/opt/rocm/lib",
     link_packages: Sequence[str] = (),
+    requires_dist: Sequence[str] = (),
     extra_rpath: Sequence[str] = (),
     plat: str | None = None,
     log_file: Path | None = None,
@@ -84,11 +86,13 @@ def repair_wheel(
     (see :class:`LinkPackage`) are libraries found in other installed packages; ``extra_rpath``
     entries are added to every file that needs a library from outside the wheel. ``plat`` is a
     manylinux tag to insist on; by default auditwheel picks the most compatible one.
+    ``rocm_lib_dir`` None: ROCm comes from pip packages, reached through ``link_packages``, and
+    ``requires_dist`` (those packages) is added to METADATA.
     ``compression_level`` is the deflate level of the written wheel (1 for quick local loops).
     """
     log = logger or logging.getLogger(LOGGER)
     links = tuple(LinkPackage.parse(entry) for entry in link_packages)
-    for entry in (rocm_lib_dir, *extra_rpath):
+    for entry in (*([] if rocm_lib_dir is None else [rocm_lib_dir]), *extra_rpath):
         _check_search_path(entry)
     policy = load_policy([*extra_excludes, *(pattern for link in links for pattern in link.patterns)])
     raw = check_wheel(raw_wheel)
@@ -103,13 +107,15 @@ def repair_wheel(
         relinked = time.monotonic()
         result = check_wheel(repaired)
         tag = _one_platform_tag(raw.platform_tags, result.platform_tags)
-        wheel_member = f"{result.dist_info}/WHEEL"
+        wheel_member, metadata_member = f"{result.dist_info}/WHEEL", f"{result.dist_info}/METADATA"
         with open_wheel(repaired) as archive:
             wheel_text = archive.read(wheel_member).decode("utf-8")
+            metadata = archive.read(metadata_member).decode("utf-8")
+        requires = {metadata_member: add_requires_dist(metadata, requires_dist).encode("utf-8")} if requires_dist else {}
         final = rewrite_wheel(
             repaired,
             wheelhouse / replace_platform_tag(repaired.name, tag),
-            replace={**patched, wheel_member: _retag(wheel_text, tag).encode("utf-8")},
+            replace={**patched, wheel_member: _retag(wheel_text, tag).encode("utf-8"), **requires},
             compression_level=compression_level,
         )
     log.info(
@@ -168,7 +174,7 @@ def _auditwheel(
 
 
 def _relink(
-    wheel: Path, work: Path, policy: RocmPolicy, links: tuple[LinkPackage, ...], rocm_lib_dir: str,
+    wheel: Path, work: Path, policy: RocmPolicy, links: tuple[LinkPackage, ...], rocm_lib_dir: str | None,
     extra_rpath: tuple[str, ...], log_file: Path | None, log: logging.Logger | logging.LoggerAdapter,
 ) -> dict[str, Path]:
     """Set the RPATH every ELF file of ``wheel`` should have; return the changed files."""
@@ -195,7 +201,7 @@ def _relink(
 
 def _wanted_rpath(
     wheel: Path, name: str, needed: Sequence[str], current: Sequence[str], policy: RocmPolicy,
-    links: tuple[LinkPackage, ...], rocm_lib_dir: str, extra_rpath: tuple[str, ...],
+    links: tuple[LinkPackage, ...], rocm_lib_dir: str | None, extra_rpath: tuple[str, ...],
 ) -> tuple[str, ...]:
     allowed = {rocm_lib_dir, *extra_rpath}
     # $ORIGIN entries stay (auditwheel's <pkg>.libs among them); empty entries mean the current
@@ -205,7 +211,7 @@ def _wanted_rpath(
         if any(link.provides(soname) for soname in needed):
             relative = posixpath.relpath(link.lib_dir, str(_installed_folder(wheel, name)))
             entries.append("$ORIGIN" if relative == "." else f"$ORIGIN/{relative}")
-    if any(policy.is_rocm(soname) for soname in needed):
+    if rocm_lib_dir and any(policy.is_rocm(soname) for soname in needed):
         entries.append(rocm_lib_dir)
     if any(policy.is_excluded(soname) for soname in needed):
         entries.extend(extra_rpath)

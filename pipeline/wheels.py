@@ -25,6 +25,8 @@ from .plan import Plan, Step
 from .progress import long_step
 from .provenance import fingerprints, is_current, record_path, write_record
 from .repair import repair_wheel
+from .rocm_wheels import link_packages as rocm_link_packages
+from .rocm_wheels import requires_dist
 from .verify import expectations_for, format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
@@ -89,7 +91,8 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
         logger.info("repairing %s", wheel.name)
         repaired.append(repair_wheel(
             wheel, staging, extra_excludes=recipe.repair.exclude, rocm_lib_dir=plan.line.lib_dir,
-            link_packages=recipe.repair.link_packages, extra_rpath=recipe.repair.rpath, plat=plan.line.platform,
+            link_packages=(*recipe.repair.link_packages, *rocm_link_packages(plan.line)),
+            requires_dist=requires_dist(plan.line), extra_rpath=recipe.repair.rpath, plat=plan.line.platform,
             log_file=log_file, logger=logger,
         ))
     pins = tuple(f"{name}=={version}" for name, version in step.dependencies)

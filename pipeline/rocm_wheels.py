@@ -1,0 +1,96 @@
+"""ROCm from pip packages (AMD's TheRock): what a ``wheels`` line changes in each stage.
+
+TheRock installs ROCm as sibling packages in site-packages (``_rocm_sdk_core``,
+``_rocm_sdk_libraries``, ...). A wheel built on such a line carries no ROCm and no absolute
+ROCm folder: repair points its ELF files at the packages' library folders through
+``$ORIGIN``-relative RPATHs (the linked-package mechanism of :mod:`.rocm_policy`), and the
+wheel declares the ROCm packages in ``Requires-Dist`` so pip brings them along.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterable
+
+from .lock import Line
+from .rocm_policy import rocm_patterns
+
+# The library folders of TheRock's packages, relative to site-packages, in the order PyTorch's
+# own repair lists them for its TheRock wheels (pytorch/pytorch@029219f47bcecd868b41b0966f6c23c55909da8c
+# .ci/manywheel/repair_wheel.py, rocm_rpaths()). rocm_sysdeps holds the system libraries ROCm
+# needs (libnuma, libelf, libdrm ...), shipped inside the core package.
+LIBRARY_FOLDERS = (
+    "_rocm_sdk_core/lib",
+    "_rocm_sdk_core/lib/rocm_sysdeps/lib",
+    "_rocm_sdk_libraries/lib",
+)
+# The distribution each folder comes from, for people reading `inspect` and `doctor`.
+FOLDER_PACKAGES = {
+    "_rocm_sdk_core/lib": "rocm-sdk-core",
+    "_rocm_sdk_core/lib/rocm_sysdeps/lib": "rocm-sdk-core (sysdeps)",
+    "_rocm_sdk_libraries/lib": "rocm-sdk-libraries",
+}
+
+
+def link_packages(line: Line) -> tuple[str, ...]:
+    """``link_packages`` entries that send every ROCm library to the ROCm packages' folders.
+
+    Every folder gets every ROCm pattern, as PyTorch gives every file all three RPATH entries:
+    which package holds which library changes between ROCm releases.
+    """
+    return package_links() if line.rocm_provider == "wheels" else ()
+
+
+def package_links() -> tuple[str, ...]:
+    patterns = ",".join(rocm_patterns())
+    return tuple(f"{folder}:{patterns}" for folder in LIBRARY_FOLDERS)
+
+
+def requires_dist(line: Line) -> tuple[str, ...]:
+    """What a wheel of ``line`` must declare so that pip installs its ROCm too."""
+    return line.rocm_wheels.requires if line.rocm_wheels else ()
+
+
+def index_urls(line: Line) -> tuple[str, ...]:
+    """The index pip needs besides the team's own to install wheels of ``line``."""
+    return (line.rocm_wheels.index_url,) if line.rocm_wheels else ()
+
+
+def package_of(folder: str) -> str | None:
+    """The ROCm distribution a site-packages folder belongs to, or None if it is no ROCm package's."""
+    return FOLDER_PACKAGES.get(posixpath.normpath(folder))
+
+
+def add_requires_dist(metadata: str, requirements: Iterable[str]) -> str:
+    """METADATA with a ``Requires-Dist`` line for each requirement it does not name yet."""
+    header, blank, body = metadata.partition("\n\n")
+    present = {line.split(":", 1)[1].strip() for line in header.splitlines() if line.startswith("Requires-Dist:")}
+    added = "".join(f"\nRequires-Dist: {requirement}" for requirement in requirements if requirement not in present)
+    return header.rstrip("\n") + added + "\n" + (blank + body if blank else "")
+
+
+def loaded_from_packages_check(sonames: Iterable[str], imports: Iterable[str]) -> str:
+    """Python code, run in the venv the wheel was installed into: every ROCm library the wheel
+    needs exists in the installed ROCm packages, and those the imports load come from there
+    (``/proc/self/maps``), not from a ROCm of the machine."""
+    return _CHECK.format(sonames=json.dumps(sorted(set(sonames))), folders=json.dumps(LIBRARY_FOLDERS),
+                         imports="; ".join(f"import {name}" for name in imports) or "pass")
+
+
+# Kept as a template: it runs in the smoke venv, whose Python need not be rocwheels'.
+_CHECK = """
+import os, sysconfig
+site = sysconfig.get_paths()["platlib"]
+folders = [os.path.join(site, f) for f in {folders}]
+missing = [s for s in {sonames} if not any(os.path.exists(os.path.join(f, s)) for f in folders)]
+assert not missing, f"not in the installed ROCm packages ({{', '.join(folders)}}): {{', '.join(missing)}}"
+{imports}
+mapped = {{line.split()[-1] for line in open("/proc/self/maps") if len(line.split()) >= 6}}
+for soname in {sonames}:
+    paths = [p for p in mapped if os.path.basename(p).startswith(soname)]
+    outside = [p for p in paths if not any(os.path.realpath(p).startswith(os.path.realpath(f) + os.sep) for f in folders)]
+    assert not outside, f"{{soname}} was loaded from {{outside}}, not from the ROCm packages"
+    if paths:
+        print("loaded", soname, "from", paths[0])
+"""
