@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterable
+from pathlib import Path
 
+from .cmd import run
 from .lock import Line
 from .rocm_policy import rocm_patterns
 
@@ -57,6 +59,17 @@ def index_urls(line: Line) -> tuple[str, ...]:
     return (line.rocm_wheels.index_url,) if line.rocm_wheels else ()
 
 
+def rocm_sdk_env(rocm_sdk: Path | str, path: str, *, log_file: Path | None = None) -> dict[str, str]:
+    """The build environment the installed ROCm packages describe (``rocm-sdk path``), as TheRock
+    documents it: ROCM_PATH/ROCM_HOME the root, CMAKE_PREFIX_PATH its CMake folder, its bin first on PATH."""
+    def ask(option: str) -> str:
+        return run([rocm_sdk, "path", option], log_file=log_file, quiet=True).output.strip()
+
+    root = ask("--root")
+    return {"ROCM_PATH": root, "ROCM_HOME": root, "HIP_PATH": root, "CMAKE_PREFIX_PATH": ask("--cmake"),
+            "PATH": f"{ask('--bin')}:{path}"}
+
+
 def package_of(folder: str) -> str | None:
     """The ROCm distribution a site-packages folder belongs to, or None if it is no ROCm package's."""
     return FOLDER_PACKAGES.get(posixpath.normpath(folder))
@@ -67,7 +80,7 @@ def add_requires_dist(metadata: str, requirements: Iterable[str]) -> str:
     header, blank, body = metadata.partition("\n\n")
     present = {line.split(":", 1)[1].strip() for line in header.splitlines() if line.startswith("Requires-Dist:")}
     added = "".join(f"\nRequires-Dist: {requirement}" for requirement in requirements if requirement not in present)
-    return header.rstrip("\n") + added + "\n" + (blank + body if blank else "")
+    return header.rstrip("\n") + added + ("\n\n" + body if blank else "\n")
 
 
 def loaded_from_packages_check(sonames: Iterable[str], imports: Iterable[str]) -> str:

@@ -1,0 +1,155 @@
+"""ROCm from pip packages (a `wheels` line): lock validation, repair RPATHs and Requires-Dist,
+and the whole path with stand-in TheRock wheels: build against them, repair, verify, publish,
+install into a fresh venv that loads the HIP runtime from the stand-in package."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from rocm_standin import VERSION, build_standin_wheels
+
+from pipeline.analyze import Kind, TargetLayout, analyze_wheel
+from pipeline.errors import ConfigError
+from pipeline.layout import Layout
+from pipeline.lock import load_lock
+from pipeline.plan import make_plan
+from pipeline.publish import publish
+from pipeline.recipes import load_recipes
+from pipeline.rocm_policy import LinkPackage
+from pipeline.rocm_wheels import LIBRARY_FOLDERS, add_requires_dist, package_links
+from pipeline.serve import add_htpasswd_user, running_pypiserver
+from pipeline.targets import parse_targets
+from pipeline.wheels import make_wheels
+
+LINE = "standin10.0"
+REQUIRES = f"rocm[libraries]=={VERSION}"
+
+
+def wheels_lock(index_url: str, targets: tuple[str, ...], *, provider: str = "wheels", extra: str = "") -> str:
+    """A lock with one `wheels` line whose ROCm is the stand-in packages at ``index_url``."""
+    return f"""default_line = "{LINE}"
+[lines."{LINE}"]
+rocm = "{VERSION}"
+rocm_provider = "{provider}"
+builder_image = "localhost/rocwheels-test-base:bookworm"
+image_source = "built by the tests (debootstrap)"
+python = ["3.11"]
+targets = {list(targets)!r}
+rocm_path = ""
+{extra}
+[lines."{LINE}".rocm_wheels]
+build = ["rocm[libraries,devel]=={VERSION}"]
+requires = ["{REQUIRES}"]
+index_url = "{index_url}"
+source = "stand-in wheels built by tests/rocm_standin.py"
+[lines."{LINE}".versions]
+rocm-canary = "0.1.0"
+"""
+
+
+def write_recipes(dest: Path, lock_text: str) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "recipes" / "rocm-canary.toml", dest)
+    shutil.copytree(REPO / "recipes" / "rocm-canary", dest / "rocm-canary", ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    (dest / "lock.toml").write_text(lock_text)
+    return dest
+
+
+# --- the lock model ---
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    (("rocm_provider = \"wheels\"", "rocm_provider = \"system\""), "rocm_provider", "rocm_provider = \"wheels\""),
+    ((f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries]"]'), "rocm_wheels.requires", "has no version"),
+    ((f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries"]'), "rocm_wheels.requires", "not a pip requirement"),
+    (('index_url = "https://rocm.example/simple/"', 'index_url = "rocm.example"'), "rocm_wheels.index_url", "not an index URL"),
+    (('rocm_path = ""', 'rocm_path = ""\nrocm_lib_dir = "/opt/rocm/lib"'), "rocm_lib_dir", "remove rocm_lib_dir"),
+])
+def test_a_wrong_wheels_line_names_file_field_and_fix(tmp_path, change, field, words):
+    lock = wheels_lock("https://rocm.example/simple/", ("gfx90a",)).replace(*change)
+    with pytest.raises(ConfigError) as raised:
+        load_lock(write_recipes(tmp_path, lock))
+    message = str(raised.value)
+    assert "lock.toml" in message and f'lines.{LINE}.{field}'.replace(f"{LINE}.", f"{LINE}.") in message and words in message
+
+
+def test_a_wheels_line_without_its_packages_is_refused(tmp_path):
+    lock = wheels_lock("https://rocm.example/simple/", ("gfx90a",))
+    lock = lock[:lock.index(f'[lines."{LINE}".rocm_wheels]')] + f'[lines."{LINE}".versions]\nrocm-canary = "0.1.0"\n'
+    with pytest.raises(ConfigError, match="rocm_wheels table"):
+        load_lock(write_recipes(tmp_path, lock))
+
+
+def test_requires_dist_is_added_once_before_the_description():
+    metadata = "Metadata-Version: 2.1\nName: x\nVersion: 1\nRequires-Dist: numpy\n\nLong description\n\nmore\n"
+    added = add_requires_dist(metadata, [REQUIRES, "numpy"])
+    assert added == f"Metadata-Version: 2.1\nName: x\nVersion: 1\nRequires-Dist: numpy\nRequires-Dist: {REQUIRES}\n\nLong description\n\nmore\n"
+    assert add_requires_dist(added, [REQUIRES]) == added
+
+
+# --- the whole path, with stand-in ROCm wheels ---
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory, hip_library, hipcc):
+    return build_standin_wheels(tmp_path_factory.mktemp("rocm-standin"), hip_library, hipcc)
+
+
+@pytest.fixture(scope="module")
+def rocm_index(tmp_path_factory, standin):
+    """pypiserver serving the stand-in ROCm wheels: the place of AMD's index."""
+    root = tmp_path_factory.mktemp("rocm-index")
+    add_htpasswd_user(root / "htpasswd", "amd", "secret")
+    shutil.copytree(standin.wheels, root / "packages")
+    with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
+        yield server
+
+
+@pytest.mark.hipcc
+def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(tmp_path, standin, rocm_index, hip_targets,
+                                                                             fresh_venv, pip_install, monkeypatch):
+    targets = hip_targets[:1]
+    recipes = write_recipes(tmp_path / "recipes", wheels_lock(rocm_index.simple_url, targets))
+    layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
+    lock = load_lock(recipes)
+    plan = make_plan(load_recipes(recipes), ["rocm-canary"], recipes_dir=recipes, line_name=LINE, line=lock.line(LINE),
+                     targets=parse_targets(";".join(targets)))
+
+    # build (against the packages, through rocm-sdk path) -> repair -> verify (installs and loads) -> wheelhouse
+    (outcome,) = make_wheels(plan, layout)
+    assert outcome.status == "built", outcome.detail
+    (wheel,) = outcome.wheels
+    log = layout.log_file("rocm-canary").read_text()
+    # The build venv got the ROCm packages, its PATH their bin folder (where the only hipcc wrapper
+    # linking the core package's HIP runtime lives), and verify's fresh venv loaded that runtime.
+    assert f"rocm[libraries,devel]=={VERSION}" in log and "rocm-sdk path --bin\n" in log and "\n+ hipcc -shared" in log
+    assert f"loaded {standin.hip_soname} from" in log and "_rocm_sdk_core/lib" in log
+
+    (extension,) = analyze_wheel(wheel, TargetLayout(rocm_lib_dir=None, link_packages=tuple(map(LinkPackage.parse, package_links())))).members
+    assert extension.search_path == tuple(f"$ORIGIN/../{folder}" for folder in LIBRARY_FOLDERS)
+    (hip,) = [d for d in extension.dependencies if d.soname == standin.hip_soname]
+    assert (hip.kind, hip.location) == (Kind.ROCM, "_rocm_sdk_core/lib")
+
+    # publish to the team's index, then a teammate installs with AMD's index (here: the stand-in) second
+    add_htpasswd_user(tmp_path / "htpasswd", "team", "secret")
+    with running_pypiserver(tmp_path / "team", tmp_path / "htpasswd", log_file=tmp_path / "team.log") as team:
+        monkeypatch.setenv("TWINE_USERNAME", "team")
+        monkeypatch.setenv("TWINE_PASSWORD", "secret")
+        publish(layout.wheelhouse, team.url, attempts=1)
+        pip_install(fresh_venv, "--index-url", team.simple_url, "--extra-index-url", rocm_index.simple_url,
+                    f"rocm-canary=={outcome.wheels[0].name.split('-')[1]}")
+    maps = _run_in(fresh_venv, "import rocm_canary; print(open('/proc/self/maps').read())")
+    hip_paths = {line.split()[-1] for line in maps.splitlines() if standin.hip_soname in line}
+    site = _run_in(fresh_venv, "import sysconfig; print(sysconfig.get_paths()['platlib'])").strip()
+    assert hip_paths == {os.path.join(site, "_rocm_sdk_core", "lib", standin.hip_soname)}
+    assert "devices" in _run_in(fresh_venv, "import rocm_canary; print('devices', rocm_canary.device_count())")
+
+
+def _run_in(python: Path, code: str) -> str:
+    from pipeline.cmd import run
+
+    return run([python, "-c", code]).output
