@@ -201,6 +201,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "local_version": plan.line.local_version,
         "builder_image": plan.line.builder_image,
         "platform": plan.line.platform,
+        "rocm_provider": plan.line.rocm_provider,
+        **({"rocm_wheels": plan.line.rocm_wheels.model_dump()} if plan.line.rocm_wheels else {}),
         "driver": plan.driver,
         "targets": [str(target) for target in plan.targets],
         "python": list(plan.line.python) if plan.driver == "container" else [f"{sys.version_info.major}.{sys.version_info.minor}"],
