@@ -24,7 +24,7 @@ from .plan import (
     wheel_origin,
     wheel_version,
 )
-from .recipes import Repair, load_recipes
+from .recipes import LOCK_FILE, Repair, load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -286,12 +286,30 @@ def index_group() -> None:
 def index_build(obj: Context, hashes: bool) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
     from .index import build_static_index, wheels_by_label, write_constraints
+    from .rocm_wheels import constraint_pins
 
     lines = wheels_by_label(obj.layout.wheelhouse, label_aliases(obj.layout))
     for root in build_static_index(obj.layout.wheelhouse, lines):
         click.echo(f"index: {root}/")
-    for path in write_constraints(obj.layout.wheelhouse, lines, hashes=hashes):
+    lock_lines = lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values() if (obj.layout.recipes_dir / LOCK_FILE).is_file() else ()
+    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
+    for path in write_constraints(obj.layout.wheelhouse, lines, hashes=hashes, rocm_pins=rocm_pins):
         click.echo(f"constraints: {path}")
+
+
+@index_group.command("mirror")
+@click.option("--rocm", "line_name", required=True, help="a lock line with rocm_provider = \"wheels\"")
+@click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True,
+              help="the folder the private index serves (rocwheels serve --packages)")
+@click.option("--with-build", is_flag=True, help="also the builder's packages (the devel extra), for builders without internet")
+@click.pass_obj
+def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool) -> None:
+    """Copy a `wheels` line's ROCm wheels from AMD's index into the private index."""
+    from .rocm_wheels import mirror
+
+    line = lockmod.load_lock(obj.layout.recipes_dir).line(line_name)
+    for wheel in mirror(line_name, line, packages, with_build=with_build):
+        click.echo(f"mirrored: {wheel}")
 
 
 @index_group.command("add-user")

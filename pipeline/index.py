@@ -144,13 +144,16 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: bool = True) -> tuple[Path, ...]:
+def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: bool = True,
+                      rocm_pins: Mapping[str, tuple[str, ...]] | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
     With ``hashes`` every pin also lists the sha256 of each of its wheel files, so pip (26.x
     verified) takes only these exact files. Any hash switches pip into hash-checking mode for the
     whole install, though: a dependency fetched from elsewhere without a hash is then refused.
     ``hashes=False`` writes pins only, which still keep a higher version from another index out.
+    ``rocm_pins`` (label -> pins) add a ``wheels`` line's ROCm packages, which come from AMD's index
+    (or a mirror) and are pinned by version only.
     """
     written = []
     for label, wheels in (lines if lines is not None else wheels_by_label(wheelhouse)).items():
@@ -167,6 +170,8 @@ def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: b
             if hashes:
                 pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
             text.append(pin)
+        if rocm_pins and rocm_pins.get(label):
+            text += ["# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", *rocm_pins[label]]
         path = wheelhouse / _constraints_name(label)
         pending = path.with_name(f".{path.name}.tmp")
         pending.write_text("\n".join(text) + "\n", encoding="utf-8")

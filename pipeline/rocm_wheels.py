@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import json
 import posixpath
+import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from .cmd import run
+from .errors import RocwheelsError
 from .lock import Line
 from .rocm_policy import rocm_patterns
 
@@ -68,6 +73,33 @@ def rocm_sdk_env(rocm_sdk: Path | str, path: str, *, log_file: Path | None = Non
     root = ask("--root")
     return {"ROCM_PATH": root, "ROCM_HOME": root, "HIP_PATH": root, "CMAKE_PREFIX_PATH": ask("--cmake"),
             "PATH": f"{ask('--bin')}:{path}"}
+
+
+def constraint_pins(line: Line) -> tuple[str, ...]:
+    """The ROCm requirements as constraints-file lines (``rocm==10.0.0``: constraints take no extras)."""
+    requirements = map(Requirement, line.rocm_wheels.requires if line.rocm_wheels else ())
+    return tuple(f"{r.name}{r.specifier}" for r in requirements)
+
+
+def mirror(line_name: str, line: Line, dest: Path, *, with_build: bool = False, log_file: Path | None = None) -> tuple[Path, ...]:
+    """Download the wheels of ``line``'s ROCm packages (and what they pull in) from its index into
+    ``dest`` - the folder a private index serves (``rocwheels serve --packages``) - and return the
+    new files. ``with_build`` adds the builder's packages (the devel extra) too."""
+    if line.rocm_wheels is None:
+        raise RocwheelsError(f"line {line_name} takes ROCm from the machine (rocm_provider = \"system\"): there are no ROCm wheels to mirror",
+                             fix="pick a line with rocm_provider = \"wheels\" (rocwheels lock check lists the lines)")
+    requirements = (*line.rocm_wheels.requires, *(line.rocm_wheels.build if with_build else ()))
+    dest.mkdir(parents=True, exist_ok=True)
+    before = set(dest.glob("*.whl"))
+    # Into a scratch folder first, so a failed download leaves nothing half-written in dest.
+    with tempfile.TemporaryDirectory(prefix=".rocwheels-mirror-", dir=dest) as scratch:
+        for python in line.python:
+            target = ["--python-version", python, "--only-binary", ":all:", *(["--platform", line.platform] if line.platform else [])]
+            run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", scratch,
+                 "--index-url", line.rocm_wheels.index_url, *target, *requirements], log_file=log_file)
+        for wheel in Path(scratch).glob("*.whl"):
+            wheel.replace(dest / wheel.name)
+    return tuple(sorted(set(dest.glob("*.whl")) - before))
 
 
 def package_of(folder: str) -> str | None:

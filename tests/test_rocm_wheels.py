@@ -14,13 +14,14 @@ from rocm_standin import VERSION, build_standin_wheels
 
 from pipeline.analyze import Kind, TargetLayout, analyze_wheel
 from pipeline.errors import ConfigError
+from pipeline.index import write_constraints
 from pipeline.layout import Layout
 from pipeline.lock import load_lock
 from pipeline.plan import make_plan
 from pipeline.publish import publish
 from pipeline.recipes import load_recipes
 from pipeline.rocm_policy import LinkPackage
-from pipeline.rocm_wheels import LIBRARY_FOLDERS, add_requires_dist, package_links
+from pipeline.rocm_wheels import LIBRARY_FOLDERS, add_requires_dist, constraint_pins, mirror, package_links
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 from pipeline.targets import parse_targets
 from pipeline.wheels import make_wheels
@@ -153,3 +154,26 @@ def _run_in(python: Path, code: str) -> str:
     from pipeline.cmd import run
 
     return run([python, "-c", code]).output
+
+
+def test_mirror_copies_the_rocm_wheels_so_teammates_need_only_the_private_index(tmp_path, standin, rocm_index, fresh_venv, pip_install):
+    line = load_lock(write_recipes(tmp_path / "recipes", wheels_lock(rocm_index.simple_url, ("gfx90a",)))).line(LINE)
+    mirrored = mirror(LINE, line, tmp_path / "packages")
+    assert sorted(w.name.split("-")[0] for w in mirrored) == ["rocm", "rocm_sdk_core", "rocm_sdk_libraries"]
+    assert mirror(LINE, line, tmp_path / "packages") == ()  # nothing new the second time
+    assert [p.name for p in (tmp_path / "packages").iterdir() if not p.name.endswith(".whl")] == []
+    with_build = mirror(LINE, line, tmp_path / "packages", with_build=True)
+    assert [w.name.split("-")[0] for w in with_build] == ["rocm_sdk_devel"]
+
+    pip_install(fresh_venv, "--no-index", "--find-links", tmp_path / "packages", REQUIRES)
+    site = _run_in(fresh_venv, "import sysconfig; print(sysconfig.get_paths()['platlib'])").strip()
+    assert (Path(site) / "_rocm_sdk_core" / "lib" / standin.hip_soname).is_file()
+
+
+def test_constraints_of_a_wheels_line_pin_its_rocm_packages(tmp_path, platform_wheel):
+    wheelhouse = tmp_path / "wheelhouse"
+    platform_wheel(wheelhouse, "rocm_canary", {"rocm_canary/__init__.py": b""}, version="0.1.0+rocm10.0")
+    line = load_lock(write_recipes(tmp_path / "recipes", wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
+    (constraints,) = write_constraints(wheelhouse, hashes=False, rocm_pins={line.local_version: constraint_pins(line)})
+    assert constraints.read_text().splitlines()[1:] == [
+        "rocm-canary==0.1.0+rocm10.0", "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", f"rocm=={VERSION}"]
