@@ -107,14 +107,6 @@ def package_of(folder: str) -> str | None:
     return FOLDER_PACKAGES.get(posixpath.normpath(folder))
 
 
-def add_requires_dist(metadata: str, requirements: Iterable[str]) -> str:
-    """METADATA with a ``Requires-Dist`` line for each requirement it does not name yet."""
-    header, blank, body = metadata.partition("\n\n")
-    present = {line.split(":", 1)[1].strip() for line in header.splitlines() if line.startswith("Requires-Dist:")}
-    added = "".join(f"\nRequires-Dist: {requirement}" for requirement in requirements if requirement not in present)
-    return header.rstrip("\n") + added + ("\n\n" + body if blank else "\n")
-
-
 def loaded_from_packages_check(sonames: Iterable[str], imports: Iterable[str]) -> str:
     """Python code, run in the venv the wheel was installed into: every ROCm library the wheel
     needs exists in the installed ROCm packages, and those the imports load come from there

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from pipeline.plan import make_plan
 from pipeline.publish import publish
 from pipeline.recipes import load_recipes
 from pipeline.rocm_policy import LinkPackage
-from pipeline.rocm_wheels import LIBRARY_FOLDERS, add_requires_dist, constraint_pins, mirror, package_links
+from pipeline.rocm_wheels import LIBRARY_FOLDERS, constraint_pins, mirror, package_links
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 from pipeline.targets import parse_targets
 from pipeline.wheels import make_wheels
@@ -85,13 +86,6 @@ def test_a_wheels_line_without_its_packages_is_refused(tmp_path):
         load_lock(write_recipes(tmp_path, lock))
 
 
-def test_requires_dist_is_added_once_before_the_description():
-    metadata = "Metadata-Version: 2.1\nName: x\nVersion: 1\nRequires-Dist: numpy\n\nLong description\n\nmore\n"
-    added = add_requires_dist(metadata, [REQUIRES, "numpy"])
-    assert added == f"Metadata-Version: 2.1\nName: x\nVersion: 1\nRequires-Dist: numpy\nRequires-Dist: {REQUIRES}\n\nLong description\n\nmore\n"
-    assert add_requires_dist(added, [REQUIRES]) == added
-
-
 # --- the whole path, with stand-in ROCm wheels ---
 
 
@@ -130,6 +124,9 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(tmp_
     assert f"rocm[libraries,devel]=={VERSION}" in log and "rocm-sdk path --bin\n" in log and "\n+ hipcc -shared" in log
     assert f"loaded {standin.hip_soname} from" in log and "_rocm_sdk_core/lib" in log
 
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    assert f"Requires-Dist: {REQUIRES}" in metadata.splitlines()
     (extension,) = analyze_wheel(wheel, TargetLayout(rocm_lib_dir=None, link_packages=tuple(map(LinkPackage.parse, package_links())))).members
     assert extension.search_path == tuple(f"$ORIGIN/../{folder}" for folder in LIBRARY_FOLDERS)
     (hip,) = [d for d in extension.dependencies if d.soname == standin.hip_soname]
