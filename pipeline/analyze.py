@@ -155,11 +155,12 @@ def _resolve(soname: str, folders: Sequence[str], by_folder: dict[str, dict[str,
         found = by_folder.get(folder, {}).get(soname)
         if found:
             return Dependency(soname, Kind.BUNDLED, found)
-    if layout.policy.is_rocm(soname) and layout.rocm_lib_dir is None:
-        # ROCm from pip packages (a `wheels` line): one of their folders must be on the search path.
-        folders_of_packages = [link.lib_dir for link in layout.link_packages if link.provides(soname)]
-        reached = next((f for f in folders_of_packages if f in folders), None)
-        return Dependency(soname, Kind.ROCM, reached, "" if reached else f"the search path reaches none of the ROCm packages' folders {', '.join(folders_of_packages)}")
+    # ROCm from pip packages (TheRock), when the layout names their folders: for a `wheels` line
+    # (rocm_lib_dir None) one of them must be on the search path.
+    rocm_packages = [link.lib_dir for link in layout.link_packages if link.provides(soname)] if layout.policy.is_rocm(soname) else []
+    reached = next((f for f in rocm_packages if f in folders), None)
+    if reached or (rocm_packages and layout.rocm_lib_dir is None):
+        return Dependency(soname, Kind.ROCM, reached, "" if reached else f"the search path reaches none of the ROCm packages' folders {', '.join(rocm_packages)}")
     if layout.policy.is_rocm(soname):
         reachable = [f for f in folders if f == layout.rocm_lib_dir] or [d for d in DEFAULT_LIBRARY_DIRS if d == layout.rocm_lib_dir]
         if reachable:

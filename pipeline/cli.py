@@ -248,13 +248,12 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
     from rich.console import Console
 
-    from .analyze import TargetLayout
-    from .inspection import inspect_wheel, render
+    from .inspection import either_provider, inspect_wheel, render
 
     # Piped output keeps whole library names rather than folding them at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     for wheel in _wheel_paths(wheels):
-        render(inspect_wheel(wheel, TargetLayout(rocm_lib_dir=rocm_lib_dir)), console)
+        render(inspect_wheel(wheel, either_provider(rocm_lib_dir)), console)
 
 
 @cli.command("publish")

