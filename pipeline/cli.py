@@ -25,7 +25,7 @@ from .plan import (
     wheel_origin,
     wheel_version,
 )
-from .recipes import load_recipes
+from .recipes import LOCK_FILE, load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -178,16 +178,21 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
 @click.option("--rpath", multiple=True, help="extra RPATH entry to keep (repeatable)")
 @click.option("--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)")
 @click.option("--requires-pin", multiple=True, help="exact requirement METADATA must carry, e.g. 'torch==2.14.1+rocm7.2' (repeatable)")
+@click.option("--rocm-provider", type=click.Choice(["system", "wheels"]), default=None,
+              help="wheels: ROCm from pip packages (TheRock), reached by $ORIGIN RPATHs (default: the lock line's)")
 @click.pass_obj
 def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | None, rocm: str | None, rocm_lib_dir: str | None,
                    exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None,
-                   requires_pin: tuple[str, ...]) -> None:
+                   requires_pin: tuple[str, ...], rocm_provider: str | None) -> None:
     """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
 
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
     the options given (inside the builder container only the options apply).
     """
+    from dataclasses import replace
+
     from .repair import RepairSettings, repair_wheel
+    from .rocm_wheels import package_links
 
     output = (wheel_dir or obj.layout.wheelhouse).resolve()
     with wheelhouse_lock(output):
@@ -197,6 +202,9 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
                 excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
                 rocm_lib_dir=rocm_lib_dir, plat=plat,
             )
+            if rocm_provider == "wheels":
+                links = tuple(dict.fromkeys((*settings.link_packages, *package_links())))
+                settings = replace(settings, rocm_lib_dir=None, link_packages=links)
             click.echo(str(repair_wheel(wheel, output, settings)))
 
 
@@ -246,13 +254,12 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
     from rich.console import Console
 
-    from .analyze import TargetLayout
-    from .inspection import inspect_wheel, render
+    from .inspection import either_provider, inspect_wheel, render
 
     # Piped output keeps whole library names rather than folding them at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     for wheel in _wheel_paths(wheels):
-        render(inspect_wheel(wheel, TargetLayout(rocm_lib_dir=rocm_lib_dir)), console)
+        render(inspect_wheel(wheel, either_provider(rocm_lib_dir)), console)
 
 
 @cli.command("publish")
@@ -283,20 +290,38 @@ def index_build(obj: Context) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
     requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
     from .index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
+    from .rocm_wheels import constraint_pins
 
     aliases = label_aliases(obj.layout)
     if not obj.layout.wheelhouse.is_dir():
         raise InputError(f"no wheelhouse at {obj.layout.wheelhouse}",
                          fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse")
+    lock_lines = lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values() if (obj.layout.recipes_dir / LOCK_FILE).is_file() else ()
+    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
     with wheelhouse_lock(obj.layout.wheelhouse):
         lines = wheels_by_label(obj.layout.wheelhouse, aliases)
         check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
         for root in build_static_index(obj.layout.wheelhouse, lines):
             click.echo(f"index: {root}/")
-        for path in write_constraints(obj.layout.wheelhouse, lines):
+        for path in write_constraints(obj.layout.wheelhouse, lines, rocm_pins=rocm_pins):
             click.echo(f"constraints: {path}")
         for path in write_requirements(obj.layout.wheelhouse, lines):
             click.echo(f"requirements: {path}")
+
+
+@index_group.command("mirror")
+@click.option("--rocm", "line_name", required=True, help="a lock line with rocm_provider = \"wheels\"")
+@click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True,
+              help="the folder the private index serves (rocwheels serve --packages)")
+@click.option("--with-build", is_flag=True, help="also the builder's packages (the devel extra), for builders without internet")
+@click.pass_obj
+def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool) -> None:
+    """Copy a `wheels` line's ROCm wheels from AMD's index into the private index."""
+    from .rocm_wheels import mirror
+
+    line = lockmod.load_lock(obj.layout.recipes_dir).line(line_name)
+    for wheel in mirror(line_name, line, packages, with_build=with_build):
+        click.echo(f"mirrored: {wheel}")
 
 
 @index_group.command("add-user")

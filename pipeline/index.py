@@ -168,13 +168,16 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
+def write_constraints(wheelhouse: Path, lines: Lines | None = None, *,
+                      rocm_pins: Mapping[str, tuple[str, ...]] | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
     Pins only, no hashes: every pip takes them (pip before 26.1 refuses a constraints file with
     hashes), and exact pins keep a higher version or a non-ROCm build from another index out.
+    ``rocm_pins`` (label -> pins) add a ``wheels`` line's ROCm packages, which come from AMD's index
+    (or a mirror) and are pinned by version only.
     """
-    return _write_pin_files(wheelhouse, lines, _constraints_name, hashes=False)
+    return _write_pin_files(wheelhouse, lines, _constraints_name, hashes=False, rocm_pins=rocm_pins or {})
 
 
 def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
@@ -182,10 +185,11 @@ def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
     sha256 of every one of its wheel files, for ``pip install --require-hashes -r`` (any pip):
     only these exact files install, not another file published elsewhere under the same version.
     """
-    return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True)
+    return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True, rocm_pins={})
 
 
-def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[[str], str], *, hashes: bool) -> tuple[Path, ...]:
+def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[[str], str], *, hashes: bool,
+                     rocm_pins: Mapping[str, tuple[str, ...]]) -> tuple[Path, ...]:
     written = []
     lines = lines if lines is not None else wheels_by_label(wheelhouse)
     check_pinnable(lines)
@@ -199,6 +203,8 @@ def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[
             if hashes:
                 pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
             text.append(pin)
+        if rocm_pins.get(label):
+            text += ["# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", *rocm_pins[label]]
         path = wheelhouse / file_name(label)
         pending = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
         try:

@@ -42,6 +42,8 @@ class Step:
     dependencies: tuple[tuple[str, str], ...] = ()
     # The line's build-environment lock (recipes/constraints/<line>.txt), installed hash-checked first.
     constraints: Path | None = None
+    # A `wheels` line's ROCm (TheRock pip packages), installed into the build environment first.
+    rocm_wheels: lockmod.RocmWheels | None = None
 
     @property
     def name(self) -> str:
@@ -161,7 +163,7 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
     }
     pre = tuple(command.format_map(values) for command in recipe.build.pre)
     args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
-    return Step(recipe, version, env, pre, args, dependencies, constraints)
+    return Step(recipe, version, env, pre, args, dependencies, constraints, line.rocm_wheels)
 
 
 def describe(plan: Plan) -> str:
@@ -199,6 +201,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "local_version": plan.line.local_version,
         "builder_image": plan.line.builder_image,
         "platform": plan.line.platform,
+        "rocm_provider": plan.line.rocm_provider,
+        **({"rocm_wheels": plan.line.rocm_wheels.model_dump()} if plan.line.rocm_wheels else {}),
         "driver": plan.driver,
         "targets": [str(target) for target in plan.targets],
         "python": list(plan.line.python) if plan.driver == "container" else [f"{sys.version_info.major}.{sys.version_info.minor}"],

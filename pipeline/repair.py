@@ -71,7 +71,8 @@ class RepairSettings:
     """
 
     excludes: tuple[str, ...] = ()
-    rocm_lib_dir: str = DEFAULT_ROCM_LIB_DIR
+    # None: ROCm comes from pip packages (a `wheels` line), reached through link_packages.
+    rocm_lib_dir: str | None = DEFAULT_ROCM_LIB_DIR
     link_packages: tuple[str, ...] = ()
     extra_rpath: tuple[str, ...] = ()
     plat: str | None = None
@@ -79,20 +80,23 @@ class RepairSettings:
     links: tuple[LinkPackage, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for entry in (self.rocm_lib_dir, *self.extra_rpath):
+        for entry in (*([] if self.rocm_lib_dir is None else [self.rocm_lib_dir]), *self.extra_rpath):
             _check_search_path(entry)
         object.__setattr__(self, "links", tuple(LinkPackage.parse(entry) for entry in self.link_packages))
 
     @classmethod
     def for_recipe(cls, recipe: Recipe | None, line: Line | None) -> RepairSettings:
         """The settings of ``recipe``'s wheels on ``line`` (either may be unknown: defaults)."""
+        from .rocm_wheels import link_packages, requires_dist
+
         repair = recipe.repair if recipe else None
         return cls(
             excludes=repair.exclude if repair else (),
             rocm_lib_dir=line.lib_dir if line else DEFAULT_ROCM_LIB_DIR,
-            link_packages=repair.link_packages if repair else (),
+            link_packages=(*(repair.link_packages if repair else ()), *(link_packages(line) if line else ())),
             extra_rpath=repair.rpath if repair else (),
             plat=line.platform if line else None,
+            requires_pins=requires_dist(line) if line else (),
         )
 
     def extended(
@@ -112,7 +116,7 @@ class RepairSettings:
 
     def cli_options(self) -> list[str]:
         """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
-        options = ["--rocm-lib-dir", self.rocm_lib_dir]
+        options = ["--rocm-provider", "wheels"] if self.rocm_lib_dir is None else ["--rocm-lib-dir", self.rocm_lib_dir]
         if self.plat:
             options += ["--plat", self.plat]
         for flag, values in (("--exclude", self.excludes), ("--link-package", self.link_packages),
@@ -222,7 +226,7 @@ def _wanted_rpath(
         if any(link.provides(soname) for soname in needed):
             relative = posixpath.relpath(link.lib_dir, str(_installed_folder(wheel, name)))
             entries.append("$ORIGIN" if relative == "." else f"$ORIGIN/{relative}")
-    if any(policy.is_rocm(soname) for soname in needed):
+    if settings.rocm_lib_dir and any(policy.is_rocm(soname) for soname in needed):
         entries.append(settings.rocm_lib_dir)
     if any(policy.is_excluded(soname) for soname in needed):
         entries.extend(settings.extra_rpath)

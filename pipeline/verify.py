@@ -35,6 +35,9 @@ from .provenance import check_record
 from .recipes import Recipe, Smoke
 from .requirements import missing_pins
 from .rocm_policy import LinkPackage, load_policy
+from .rocm_wheels import index_urls as rocm_index_urls
+from .rocm_wheels import link_packages as rocm_link_packages
+from .rocm_wheels import loaded_from_packages_check
 from .smoke import smoke_test
 from .targets import runs_on
 from .wheelfile import open_wheel
@@ -59,6 +62,7 @@ class Expectations:
     find_links: Path | None = None
     # exact requirements the wheel must carry: the builds it links against (torch==2.14.1+rocm7.2)
     pins: tuple[str, ...] = ()
+    index_urls: tuple[str, ...] = ()  # a `wheels` line's ROCm index, for the smoke test
 
 
 @dataclass(frozen=True)
@@ -104,10 +108,19 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
             findings.append(Finding(WARNING, "smoke", "not run: the wheel has errors"))
         else:
             result = smoke_test(wheel, expect.smoke, requirements=expect.smoke_requirements, find_links=expect.find_links,
+                                index_urls=expect.index_urls, checks=_rocm_packages_check(analysis, expect.smoke),
                                 log_file=log_file, scratch=scratch)
             findings.append(Finding(WARNING if result.skipped else ERROR if not result.passed else "ok", "smoke", result.message))
     targets = {m.name: m.gpu_targets for m in analysis.members if m.gpu_targets}
     return Report(wheel, tuple(findings), targets)
+
+
+def _rocm_packages_check(analysis: WheelAnalysis, smoke: Smoke) -> tuple[str, ...]:
+    """With ROCm from pip packages: the installed venv must hold and load every ROCm library needed."""
+    if analysis.layout.rocm_lib_dir is not None:
+        return ()
+    sonames = [d.soname for m in analysis.members for d in m.dependencies if d.kind == Kind.ROCM]
+    return (loaded_from_packages_check(sonames, smoke.imports),) if sonames else ()
 
 
 def _provenance(wheel: Path) -> Finding:
@@ -244,7 +257,8 @@ def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None
                      smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None,
                      pins: tuple[str, ...] = ()) -> Expectations:
     """What a wheel of ``recipe`` built for ``line`` must be."""
-    links = tuple(LinkPackage.parse(entry) for entry in recipe.repair.link_packages)
+    links = tuple(LinkPackage.parse(entry) for entry in (*recipe.repair.link_packages, *rocm_link_packages(line)))
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
     return Expectations(layout=layout, targets=targets, version=version, platform=line.platform, extra_rpath=recipe.repair.rpath,
-                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=pins)
+                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=pins,
+                        index_urls=rocm_index_urls(line))
