@@ -446,9 +446,9 @@ def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
 
 def driver_for(driver: str, plan: Plan, layout: Layout):
     if driver == "local":
-        from .wheels import local_driver
+        from .build import local_driver_for
 
-        return local_driver
+        return local_driver_for(plan)
     from .container import container_driver
 
     return container_driver(plan, layout)
