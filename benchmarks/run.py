@@ -28,7 +28,7 @@ from pathlib import Path
 
 import tomllib
 
-from pipeline.repair import AUDITWHEEL_ZIP_LEVEL
+from pipeline.audit import ZIP_LEVEL as AUDITWHEEL_ZIP_LEVEL
 
 # testwheel sits beside this file, and python puts this file's folder on sys.path.
 from testwheel import describe, ensure_test_wheel

@@ -38,7 +38,7 @@ def repair(wheel: Path, out: Path, log: Path) -> None:
     from pipeline.repair import repair_wheel
 
     setup_logging()  # the "repaired ... (auditwheel x s, RPATHs ..., write ...)" line, parsed by run.py
-    repair_wheel(wheel, out, log_file=log)
+    repair_wheel(wheel, out, log_file=log)  # default RepairSettings: the ROCm excludes only
 
 
 def analyze(wheel: Path) -> None:

@@ -24,7 +24,7 @@ from .plan import (
     wheel_origin,
     wheel_version,
 )
-from .recipes import Repair, load_recipes
+from .recipes import load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -185,26 +185,25 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
 @click.option("--link-package", multiple=True, help="'<folder in site-packages>:<soname patterns>' (repeatable), e.g. torch/lib:libtorch*.so*")
 @click.option("--rpath", multiple=True, help="extra RPATH entry to keep (repeatable)")
 @click.option("--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)")
+@click.option("--requires-pin", multiple=True, help="exact requirement METADATA must carry, e.g. 'torch==2.14.1+rocm7.2' (repeatable)")
 @click.pass_obj
 def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | None, rocm: str | None, rocm_lib_dir: str | None,
-                   exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None) -> None:
+                   exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None,
+                   requires_pin: tuple[str, ...]) -> None:
     """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
 
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
     the options given (inside the builder container only the options apply).
     """
-    from .repair import repair_wheel
+    from .repair import RepairSettings, repair_wheel
 
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
-        repair = recipe.repair if recipe else Repair()
-        repaired = repair_wheel(
-            wheel, (wheel_dir or obj.layout.wheelhouse).resolve(),
-            extra_excludes=(*repair.exclude, *exclude),
-            rocm_lib_dir=rocm_lib_dir or (line.lib_dir if line else "/opt/rocm/lib"),
-            link_packages=(*repair.link_packages, *link_package), extra_rpath=(*repair.rpath, *rpath),
-            plat=plat or (line.platform if line else None),
+        settings = RepairSettings.for_recipe(recipe, line).extended(
+            excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
+            rocm_lib_dir=rocm_lib_dir, plat=plat,
         )
+        repaired = repair_wheel(wheel, (wheel_dir or obj.layout.wheelhouse).resolve(), settings)
         click.echo(str(repaired))
 
 

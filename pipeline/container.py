@@ -43,6 +43,7 @@ from .lock import Line
 from .log import recipe_logger
 from .plan import Plan, Step
 from .recipes import LOCK_FILE, Smoke
+from .repair import RepairSettings
 from .smoke import gpu_present
 from .sources import cache_dir, prepare_source
 from .wheels import Driver
@@ -198,13 +199,7 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
 
 def repair_command(plan: Plan, step: Step) -> str:
     """The compiler cache statistics of the build just done, then ``rocwheels repair`` in the image."""
-    line, repair = plan.line, step.recipe.repair
-    options = ["--rocm-lib-dir", line.lib_dir]
-    if line.platform:
-        options += ["--plat", line.platform]
-    for flag, values in (("--exclude", repair.exclude), ("--link-package", repair.link_packages), ("--rpath", repair.rpath)):
-        for value in values:
-            options += [flag, value]
+    options = RepairSettings.for_recipe(step.recipe, plan.line).cli_options()
     stats = f"echo {shlex.quote(STATS_BEGIN)}; ccache --print-stats 2>/dev/null || ccache -s; echo {shlex.quote(STATS_END)}"
     # From /: a recipes/ folder in the project must not be taken for rocwheels' own (the options
     # carry the recipe's and line's settings).

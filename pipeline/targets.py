@@ -1,8 +1,9 @@
 """GPU targets: parse the user's ARCH string, check it, and format it for each recipe.
 
-A target is an LLVM processor name (``gfx942``), optionally with target features
-(``gfx90a:xnack+``). Three sets must agree before anything runs: the processors AMD/LLVM
-define, the ones the lock line's ROCm toolchain compiles, and the ones the recipe supports.
+A target is an LLVM processor name (``gfx942``) or generic target (``gfx11-generic``),
+optionally with target features (``gfx90a:xnack+``). Three sets must agree before anything runs:
+the processors AMD/LLVM define, the ones the lock line's ROCm toolchain compiles, and the ones the
+recipe supports.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tomllib
 
 from .errors import RocwheelsError
 
-_TARGET_ID = re.compile(r"^(gfx[0-9a-f]+)((?::(?:sramecc|xnack)[+-])*)$")
+_TARGET_ID = re.compile(r"^(gfx[0-9a-f]+(?:-[0-9]+)*(?:-generic)?)((?::(?:sramecc|xnack)[+-])*)$")
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,20 @@ class GpuTarget:
 
 
 @cache
+def _table() -> dict:
+    return tomllib.loads(resources.files("pipeline").joinpath("data/gfx-targets.toml").read_text())
+
+
 def known_processors() -> dict[str, str]:
-    """Processor name -> what hardware it is, from ``data/gfx-targets.toml``."""
-    text = resources.files("pipeline").joinpath("data/gfx-targets.toml").read_text()
-    return dict(tomllib.loads(text)["targets"])
+    """Processor or generic target name -> what hardware it is, from ``data/gfx-targets.toml``."""
+    table = _table()
+    generic = {name: "generic target for " + ", ".join(members) for name, members in table["generic"].items()}
+    return {**table["targets"], **generic}
+
+
+def runs_on(code_target: str, processor: str) -> bool:
+    """Whether a code object compiled for ``code_target`` (a processor or a generic target) loads on ``processor``."""
+    return code_target == processor or processor in _table()["generic"].get(code_target, ())
 
 
 def known_processor_list(processors: tuple[str, ...]) -> tuple[str, ...]:

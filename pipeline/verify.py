@@ -32,6 +32,7 @@ from .provenance import check_record
 from .recipes import Recipe, Smoke
 from .rocm_policy import LinkPackage, load_policy
 from .smoke import smoke_test
+from .targets import runs_on
 
 ERROR, WARNING = "error", "warning"
 # auditwheel's name for a grafted copy: libfoo-<8 hex>.so.1
@@ -141,8 +142,9 @@ def _gpu_targets(analysis: WheelAnalysis, requested: tuple[str, ...] | None) -> 
             continue
         if requested is None:
             continue
-        missing = sorted(set(requested) - set(m.gpu_targets))
-        extra = sorted(set(m.gpu_targets) - set(requested))
+        # A generic code object (gfx11-generic) serves every processor it lists.
+        missing = sorted(p for p in set(requested) if not any(runs_on(t, p) for t in m.gpu_targets))
+        extra = sorted(t for t in set(m.gpu_targets) if not any(runs_on(t, p) for p in requested))
         if missing:
             findings.append(Finding(ERROR, "gpu-targets", f"no code objects for {', '.join(missing)} (has {', '.join(m.gpu_targets)})", m.name))
         if extra:

@@ -31,6 +31,7 @@ from packaging.utils import (
     canonicalize_name,
     parse_wheel_filename,
 )
+from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from .errors import RocwheelsError
@@ -218,6 +219,26 @@ def _umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+def pin_requirements(metadata: str, pins: Iterable[str]) -> str:
+    """METADATA with a ``Requires-Dist`` line for each pin (``torch==2.14.1+rocm7.2``), in place
+    of the unconditional requirements on the same projects; requirements under a marker stay."""
+    parsed = [Requirement(pin) for pin in pins]
+    pinned = {canonicalize_name(pin.name) for pin in parsed}
+    head, blank, body = metadata.partition("\n\n")
+    lines = head.splitlines()
+
+    def replaced(line: str) -> bool:
+        if not line.startswith("Requires-Dist:"):
+            return False
+        requirement = Requirement(line.split(":", 1)[1].strip())
+        return requirement.marker is None and canonicalize_name(requirement.name) in pinned
+
+    kept = [line for line in lines if not replaced(line)]
+    last = max((i for i, line in enumerate(kept) if line.startswith("Requires-Dist:")), default=len(kept) - 1)
+    kept[last + 1:last + 1] = [f"Requires-Dist: {pin}" for pin in parsed]
+    return "\n".join(kept) + (blank + body if blank else "\n")
 
 
 def replace_platform_tag(filename: str, platform: str) -> str:

@@ -24,7 +24,7 @@ from .log import recipe_logger
 from .plan import Plan, Step
 from .progress import long_step
 from .provenance import fingerprints, is_current, record_path, write_record
-from .repair import repair_wheel
+from .repair import RepairSettings, repair_wheel
 from .verify import expectations_for, format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
@@ -81,17 +81,14 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
         built = driver(step, layout, on_output)
     recipe = step.recipe
     staging = fresh_dir(layout.staging(step.name))
+    settings = RepairSettings.for_recipe(recipe, plan.line)
     repaired = []
     for wheel in built.paths:
         if built.repaired:
             repaired.append(wheel)
             continue
         logger.info("repairing %s", wheel.name)
-        repaired.append(repair_wheel(
-            wheel, staging, extra_excludes=recipe.repair.exclude, rocm_lib_dir=plan.line.lib_dir,
-            link_packages=recipe.repair.link_packages, extra_rpath=recipe.repair.rpath, plat=plan.line.platform,
-            log_file=log_file, logger=logger,
-        ))
+        repaired.append(repair_wheel(wheel, staging, settings, log_file=log_file, logger=logger))
     pins = tuple(f"{name}=={version}" for name, version in step.dependencies)
     targets = tuple(t.processor for t in plan.targets) if recipe.gpu_code else None  # a fallback may compile no GPU code
     expect = expectations_for(recipe, plan.line, targets, version=step.wheel_version,

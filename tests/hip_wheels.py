@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cmd import run
-from pipeline.repair import repair_wheel
+from pipeline.repair import RepairSettings, repair_wheel
 
 HIP_ENV = {"HIP_PLATFORM": "amd"}
 EXT = sysconfig.get_config_var("EXT_SUFFIX")
@@ -175,7 +175,7 @@ def repaired(
         f"hipext/sub/_linked{EXT}": hip_extensions.linked,
     }, version=HIPEXT_VERSION)
     wheelhouse = root / "wheelhouse"
-    wheel = repair_wheel(raw, wheelhouse, link_packages=[LINK], rocm_lib_dir=ROCM_LIB_DIR, log_file=root / "repair.log")
+    wheel = repair_wheel(raw, wheelhouse, RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR), log_file=root / "repair.log")
     return Repaired(raw, wheel, wheelhouse)
 
 

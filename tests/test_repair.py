@@ -15,7 +15,8 @@ from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Built, Repaired, extract_wheel, 
 from pipeline.cmd import run
 from pipeline.elf import read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.repair import _one_platform_tag, _retag, repair_wheel
+from pipeline.audit import one_platform_tag
+from pipeline.repair import RepairSettings, _retag, repair_wheel
 from pipeline.rocm_policy import LinkPackage, load_policy
 from pipeline.wheelfile import check_wheel
 
@@ -72,7 +73,7 @@ def test_pip_installs_it_and_it_imports_without_ld_library_path(repaired: Repair
 @pytest.mark.hipcc
 def test_requested_platform_is_the_only_tag(repaired: Repaired, ld_library_path: None, tmp_path: Path) -> None:
     (found,) = check_wheel(repaired.wheel).platform_tags
-    again = repair_wheel(repaired.raw, tmp_path, link_packages=[LINK], plat=found)
+    again = repair_wheel(repaired.raw, tmp_path, RepairSettings(link_packages=(LINK,), plat=found))
     assert check_wheel(again).platform_tags == (found,)
 
 
@@ -80,7 +81,7 @@ def test_too_low_platform_fails_cleanly(built: Built, platform_wheel: Callable[.
     raw = platform_wheel(tmp_path / "raw", "recentpkg", {f"recentpkg/_recent{EXT}": built.recent})
     wheelhouse = tmp_path / "wheelhouse"
     with pytest.raises(RocwheelsError, match="newer than the requested platform") as failure:
-        repair_wheel(raw, wheelhouse, plat=f"manylinux_2_17_{os.uname().machine}")
+        repair_wheel(raw, wheelhouse, RepairSettings(plat=f"manylinux_2_17_{os.uname().machine}"))
     assert "plat" in (failure.value.fix or "")
     assert not wheelhouse.exists()
 
@@ -115,7 +116,7 @@ def test_excluding_the_unlocatable_library_repairs(
     built: Built, ld_library_path: None, platform_wheel: Callable[..., Path], tmp_path: Path,
 ) -> None:
     raw = platform_wheel(tmp_path / "raw", "brokenpkg", {f"brokenpkg/_missing{EXT}": built.missing})
-    wheel = repair_wheel(raw, tmp_path / "wheelhouse", extra_excludes=["libgone.so*"], extra_rpath=["/opt/gone/lib"])
+    wheel = repair_wheel(raw, tmp_path / "wheelhouse", RepairSettings(excludes=("libgone.so*",), extra_rpath=("/opt/gone/lib",)))
     site = extract_wheel(wheel, tmp_path / "site")
     # Only an excluded, non-ROCm library is needed: extra_rpath, and no rocm_lib_dir.
     assert read_elf(site / f"brokenpkg/_missing{EXT}").rpath == ("/opt/gone/lib",)
@@ -167,7 +168,7 @@ def test_broken_wheels_fail_before_auditwheel(
     ],
 )
 def test_one_platform_tag_is_chosen(before: tuple[str, ...], after: tuple[str, ...], kept: str) -> None:
-    assert _one_platform_tag(before, after) == kept
+    assert one_platform_tag(before, after) == kept
 
 
 def test_wheel_file_tags_are_replaced_in_place() -> None:
@@ -190,4 +191,15 @@ def test_link_package_entries() -> None:
 @pytest.mark.parametrize("entry", ["opt/rocm/lib", "", "/opt/rocm/lib:/usr/lib"])
 def test_search_paths_must_be_absolute_single_folders(entry: str, tmp_path: Path) -> None:
     with pytest.raises(RocwheelsError, match="search path"):
-        repair_wheel(tmp_path / "x.whl", tmp_path / "wheelhouse", rocm_lib_dir=entry)
+        RepairSettings(rocm_lib_dir=entry)
+
+
+def test_settings_come_from_recipe_and_line_and_reach_the_container_as_options() -> None:
+    settings = RepairSettings(excludes=("libx.so*",), rocm_lib_dir="/usr/lib", link_packages=(LINK,), plat="manylinux_2_28_x86_64")
+    settings = settings.extended(excludes=("liby.so*",), requires_pins=("torch==2.14.1+rocm7.2",))
+    assert settings.excludes == ("libx.so*", "liby.so*") and settings.links == (LinkPackage.parse(LINK),)
+    assert settings.cli_options() == [
+        "--rocm-lib-dir", "/usr/lib", "--plat", "manylinux_2_28_x86_64", "--exclude", "libx.so*", "--exclude", "liby.so*",
+        "--link-package", LINK, "--requires-pin", "torch==2.14.1+rocm7.2",
+    ]
+    assert settings.policy().is_excluded("liby.so.1") and settings.policy().is_excluded("libfakelink.so")
