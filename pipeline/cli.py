@@ -430,13 +430,14 @@ def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) 
 @cli.command("doctor")
 @click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets the wheels are built for (checked against this host's GPUs)")
 @click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line to compare the host's ROCm with")
+@engine_option
 @click.pass_obj
-def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
+def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name: str | None) -> None:
     """Check this host: container engine, GPU devices and groups, GPUs vs ARCH, ROCm vs the lock line."""
     from .doctor import format_check, run_doctor
 
     line = lockmod.load_lock(obj.layout.recipes_dir).line(rocm) if rocm else None
-    checks = run_doctor(arch, line, line_name=rocm)
+    checks = run_doctor(arch, line, line_name=rocm, engine=engine_name)
     for check in checks:
         click.echo(format_check(check))
     if any(check.ok is False for check in checks):
