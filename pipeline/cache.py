@@ -30,6 +30,10 @@ from .cmd import run
 from .errors import RocwheelsError
 
 SETTING = "ROCWHEELS_SCCACHE"
+# sccache's own login and endpoint variables: passed on to builds in containers where set.
+SCCACHE_VARIABLES = ("SCCACHE_REDIS_PASSWORD", "SCCACHE_REDIS_USERNAME", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                    "AWS_SESSION_TOKEN", "SCCACHE_REGION", "SCCACHE_ENDPOINT", "SCCACHE_WEBDAV_TOKEN",
+                    "SCCACHE_WEBDAV_USERNAME", "SCCACHE_WEBDAV_PASSWORD")
 BACKENDS_FIX = f"set {SETTING} to redis://host:6379, s3://bucket/prefix or webdav+https://host/path (or unset it for the local ccache)"
 
 

@@ -5,6 +5,8 @@ building the canary: the second one's compilations come from Redis.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
 import socket
 import subprocess
@@ -12,10 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
+from cibuildwheel.options import CommandLineArguments, compute_options
 from conftest import REPO, canary_plan
 
 from pipeline.build import local_driver_for
 from pipeline.cache import remote_cache
+from pipeline.container import SCCACHE_HIPCC, cibuildwheel_env
+from pipeline.engine import Engine
+from pipeline.lock import load_lock
 from pipeline.errors import RocwheelsError
 from pipeline.layout import Layout
 from pipeline.wheels import make_wheels
@@ -83,3 +89,25 @@ def test_a_second_runner_compiles_nothing_the_first_compiled(tmp_path, redis_url
         notes.append(outcome.detail)
     location = f"cache {redis_url} (prefix rocwheels/{host_line[0]}/)"
     assert notes == [f"sccache: 0% hits (0 of 1 compilations), {location}", f"sccache: 100% hits (1 of 1 compilations), {location}"]
+
+
+def test_container_builds_reach_the_shared_cache_as_cibuildwheel_reads_it(tmp_path, monkeypatch) -> None:
+    """The builder container compiles through sccache with the cache's settings and logins passed
+    verbatim, and no ccache folder mounted (cibuildwheel's own option reader decides)."""
+    monkeypatch.setenv("SCCACHE_REDIS_PASSWORD", "pa$$ `word`")
+    shared = remote_cache("debian13", {"ROCWHEELS_SCCACHE": "redis://cache.example:6379"})
+    layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
+    plan = canary_plan(layout, ("debian13", load_lock(REPO / "recipes").line("debian13")), ("gfx942",))
+    settings = cibuildwheel_env(plan, plan.steps[0], engine=Engine("docker", ("docker",)), image="localhost/rocwheels-builder:x",
+                                ccache=tmp_path / "ccache", gpu=False, shared=shared)
+    arguments = dataclasses.replace(CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=tmp_path)
+    options = compute_options("linux", arguments, settings)
+    build = options.build_options("cp313-manylinux_x86_64")
+    environment = build.environment.as_dictionary({"HOME": "/root", "PATH": "/usr/bin"})
+    assert {environment[f"CMAKE_{lang}_COMPILER_LAUNCHER"] for lang in ("C", "CXX", "HIP")} == {"sccache"}
+    assert environment["HIPCC"] == SCCACHE_HIPCC and environment["SCCACHE_BASEDIRS"] == "/project"
+    assert environment["SCCACHE_REDIS_ENDPOINT"] == "redis://cache.example:6379"
+    assert environment["SCCACHE_REDIS_KEY_PREFIX"] == "rocwheels/debian13"
+    assert environment["SCCACHE_REDIS_PASSWORD"] == "pa$$ `word`"
+    assert "CCACHE_DIR" not in environment
+    assert build.container_engine.name == "docker" and build.container_engine.create_args == ()
