@@ -50,6 +50,8 @@ def target_options(command):
                            help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
     command = click.option("--jobs", type=click.IntRange(min=1), default=None, envvar="ROCWHEELS_JOBS",
                            help="parallel compile jobs ({jobs} in recipes); default: this machine's cores")(command)
+    command = click.option("--python", default=None, envvar="ROCWHEELS_PYTHON",
+                           help="build for this one of the line's Python versions (X.Y; one CI job each); default: all")(command)
     return command
 
 
@@ -128,18 +130,19 @@ def lock_pin(obj: Context, rocm: str | None, refresh: bool, engine_name: str | N
 @target_options
 @click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="the plan as JSON, for machines (CI)")
-def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, as_json: bool) -> None:
+def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
+                 as_json: bool) -> None:
     """Print the ordered build steps with their environment and commands; runs nothing."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     click.echo(json.dumps(plan_document(plan), indent=2) if as_json else describe(plan))
 
 
 @cli.command("build")
 @target_options
 @click.pass_obj
-def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None) -> None:
+def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
         built = build(step, obj.layout, lambda line: None)
@@ -155,13 +158,20 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 @cli.command("wheels")
 @target_options
 @click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
+@click.option("--from-index", default=None, envvar="ROCWHEELS_REUSE_INDEX",
+              help="PEP 503 simple URL holding wheels with provenance records (rocwheels index build): take the exact builds from there")
 @click.pass_obj
-def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, force: bool) -> None:
+def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
+                   force: bool, from_index: str | None) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from .wheels import make_wheels, summary_table
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     with wheelhouse_lock(obj.layout.wheelhouse):
+        if from_index and not force:
+            from .ci import fetch_from_index
+
+            fetch_from_index(plan, obj.layout, from_index)
         outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
@@ -366,6 +376,36 @@ def demo_command(obj: Context, arch: str | None) -> None:
     Console().print(table)
 
 
+@cli.group("ci")
+def ci_group() -> None:
+    """The CI job: the build matrix for .github/workflows/wheels.yml and .gitlab-ci.yml."""
+
+
+@ci_group.command("matrix")
+@click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")
+@click.option("--arch", default=None, envvar="ROCWHEELS_ARCH", help="GPU targets (default: every target of the line)")
+@click.option("--recipes", default=None, help="recipes, comma separated (default: all in the line); dependencies are added")
+@click.option("--driver", type=click.Choice(DRIVERS), default="container", envvar="ROCWHEELS_DRIVER", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(("json", "github", "gitlab")), default="json", show_default=True,
+              help="github: key=value lines for $GITHUB_OUTPUT; gitlab: the child pipeline")
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="write there instead of stdout (github: appended, as $GITHUB_OUTPUT wants)")
+@click.pass_obj
+def ci_matrix_command(obj: Context, rocm: str | None, arch: str | None, recipes: str | None, driver: str, output_format: str,
+                      output: Path | None) -> None:
+    """The line's recipe x Python jobs in dependency stages, from the same plan as `make wheels`."""
+    from .ci import ci_matrix, render
+
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
+    matrix = ci_matrix(plan_document(plan))
+    text = render(matrix, output_format, arch=";".join(matrix.targets), recipes=recipes)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        with output.open("a" if output_format == "github" else "w", encoding="utf-8") as sink:
+            sink.write(text)
+
+
 @cli.group("image")
 def image_group() -> None:
     """The builder image (docker/Dockerfile.builder) and the Debian bases made without a registry."""
@@ -429,13 +469,14 @@ def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) 
 @cli.command("doctor")
 @click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets the wheels are built for (checked against this host's GPUs)")
 @click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line to compare the host's ROCm with")
+@engine_option
 @click.pass_obj
-def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
+def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name: str | None) -> None:
     """Check this host: container engine, GPU devices and groups, GPUs vs ARCH, ROCm vs the lock line."""
     from .doctor import format_check, run_doctor
 
     line = lockmod.load_lock(obj.layout.recipes_dir).line(rocm) if rocm else None
-    checks = run_doctor(arch, line, line_name=rocm)
+    checks = run_doctor(arch, line, line_name=rocm, engine=engine_name)
     for check in checks:
         click.echo(format_check(check))
     if any(check.ok is False for check in checks):
@@ -444,9 +485,9 @@ def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
 
 def driver_for(driver: str, plan: Plan, layout: Layout):
     if driver == "local":
-        from .wheels import local_driver
+        from .build import local_driver_for
 
-        return local_driver
+        return local_driver_for(plan)
     from .container import container_driver
 
     return container_driver(plan, layout)
