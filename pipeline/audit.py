@@ -163,8 +163,7 @@ def _explain(output: str, raw_wheel: Path, log_file: Path | None, who_needs: Who
         return _no_compiled_code(raw_wheel)
     if "in purelib folder" in output:
         return _purelib(raw_wheel)
-    last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "no output")
-    return _failed(raw_wheel, last, log_file)
+    return _failed(raw_wheel, f"its last lines:\n{cmd.tail(output, 15).rstrip() or 'no output'}", log_file)
 
 
 def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:
@@ -199,8 +198,8 @@ def _purelib(wheel: Path) -> RocwheelsError:
 def _failed(wheel: Path, reason: str, log_file: Path | None) -> RocwheelsError:
     where = f" (full output: {log_file})" if log_file else ""
     return RocwheelsError(
-        f"auditwheel could not repair {wheel.name}{where}: {reason}",
-        fix="read the auditwheel output above; rerun the logged command by hand to investigate",
+        f"auditwheel could not repair {wheel.name}{where}; {reason}",
+        fix="rerun the logged auditwheel command by hand to investigate",
     )
 
 

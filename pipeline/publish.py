@@ -236,7 +236,7 @@ def _file_links(page: str) -> dict[str, str | None]:
 def _upload(wheels: tuple[WheelFile, ...], repo: Repository, log_file: Path) -> None:
     log.info("uploading %d wheels to %s (twine output: %s)", len(wheels), repo.upload_url, log_file)
     result = run(
-        [sys.executable, "-m", "twine", "--no-color", "upload", "--non-interactive", "--disable-progress-bar",
+        [sys.executable, "-m", "pipeline.twine_once", "--no-color", "upload", "--non-interactive", "--disable-progress-bar",
          *repo.twine_args, *(w.path for w in wheels)],
         log_file=log_file, check=False, redact=repo.secrets,
     )

@@ -2,14 +2,19 @@
 
 Read top to bottom as the steps:
 
-1. check the raw wheel (auditwheel answers a damaged one with a traceback);
-2. ``auditwheel repair`` into a private folder, excluding every ROCm library and the recipe's
-   excludes, so only foreign libraries (say libgomp, or the build's own helpers) are grafted;
-3. rewrite the RPATH of every ELF file of the result: ROCm from ``rocm_lib_dir``, linked packages'
-   libraries through ``$ORIGIN``-relative paths into site-packages, grafted ones from
-   ``<pkg>.libs``; build-machine paths go;
-4. keep one platform tag, in the file name and in WHEEL, and write the wheel into the wheelhouse
-   atomically. On any failure the wheelhouse is left as it was.
+1. check the raw wheel (auditwheel answers a damaged one with a traceback); a wheel this repair
+   wrote before, with the same settings, is copied as it is;
+2. unpack its ELF files only, and ask auditwheel's library API for its verdict on them, every ROCm
+   library and the recipe's excludes left out: the platform tag, and what it would graft;
+3. only if it grafts something (say libgomp, or the build's own helpers): ``auditwheel repair``
+   of the ELF files, whose changed and new files are taken over;
+4. rewrite the RPATH of every ELF file: ROCm from ``rocm_lib_dir``, linked packages' libraries
+   through ``$ORIGIN``-relative paths into site-packages, grafted ones from ``<pkg>.libs``;
+   build-machine paths go;
+5. keep one platform tag, in the file name and in WHEEL, and write the wheel into the wheelhouse
+   atomically (pipeline/zipwrite.py): unchanged members copied as their compressed bytes, changed
+   ones deflated in parallel; a wheel with nothing to change is copied. On any failure the
+   wheelhouse is left as it was.
 """
 
 from __future__ import annotations
@@ -32,14 +37,15 @@ from . import audit, cmd
 from .elf import ELF_MAGIC, ElfError, ElfInfo, is_elf, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
+from .platform_tag import require_platform_tag
 from .provenance import rocwheels_version
+from .requirements import pin_requirements
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .sources import cache_dir
 from .wheelfile import (
     check_wheel,
     extract,
     open_wheel,
-    pin_requirements,
     replace_platform_tag,
     rewrite_wheel,
 )
@@ -76,7 +82,8 @@ class RepairSettings:
     """
 
     excludes: tuple[str, ...] = ()
-    rocm_lib_dir: str = DEFAULT_ROCM_LIB_DIR
+    # None: ROCm comes from pip packages (a `wheels` line), reached through link_packages.
+    rocm_lib_dir: str | None = DEFAULT_ROCM_LIB_DIR
     link_packages: tuple[str, ...] = ()
     extra_rpath: tuple[str, ...] = ()
     plat: str | None = None
@@ -84,20 +91,23 @@ class RepairSettings:
     links: tuple[LinkPackage, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for entry in (self.rocm_lib_dir, *self.extra_rpath):
+        for entry in (*([] if self.rocm_lib_dir is None else [self.rocm_lib_dir]), *self.extra_rpath):
             _check_search_path(entry)
         object.__setattr__(self, "links", tuple(LinkPackage.parse(entry) for entry in self.link_packages))
 
     @classmethod
     def for_recipe(cls, recipe: Recipe | None, line: Line | None) -> RepairSettings:
         """The settings of ``recipe``'s wheels on ``line`` (either may be unknown: defaults)."""
+        from .rocm_wheels import link_packages, requires_dist
+
         repair = recipe.repair if recipe else None
         return cls(
             excludes=repair.exclude if repair else (),
             rocm_lib_dir=line.lib_dir if line else DEFAULT_ROCM_LIB_DIR,
-            link_packages=repair.link_packages if repair else (),
+            link_packages=(*(repair.link_packages if repair else ()), *(link_packages(line) if line else ())),
             extra_rpath=repair.rpath if repair else (),
             plat=line.platform if line else None,
+            requires_pins=requires_dist(line) if line else (),
         )
 
     def extended(
@@ -117,7 +127,7 @@ class RepairSettings:
 
     def cli_options(self) -> list[str]:
         """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
-        options = ["--rocm-lib-dir", self.rocm_lib_dir]
+        options = ["--rocm-provider", "wheels"] if self.rocm_lib_dir is None else ["--rocm-lib-dir", self.rocm_lib_dir]
         if self.plat:
             options += ["--plat", self.plat]
         for flag, values in (("--exclude", self.excludes), ("--link-package", self.link_packages),
@@ -196,6 +206,8 @@ def repair_wheel(
             if name not in added:
                 changed[name] = path
         tag = verdict.tag
+        # With the rules verify applies (the system's library folders only), before the tag is written.
+        require_platform_tag(grafted if verdict.grafts else skeleton, tag, policy.excludes)
         wheel_member = f"{raw.dist_info}/WHEEL"
         retagged = _retag(wheel_text, tag)
         if retagged != wheel_text:
@@ -322,7 +334,7 @@ def _wanted_rpath(
         if any(link.provides(soname) for soname in needed):
             relative = posixpath.relpath(link.lib_dir, str(_installed_folder(wheel, name)))
             entries.append("$ORIGIN" if relative == "." else f"$ORIGIN/{relative}")
-    if any(policy.is_rocm(soname) for soname in needed):
+    if settings.rocm_lib_dir and any(policy.is_rocm(soname) for soname in needed):
         entries.append(settings.rocm_lib_dir)
     if any(policy.is_excluded(soname) for soname in needed):
         entries.extend(settings.extra_rpath)

@@ -1,8 +1,9 @@
 """GPU targets: parse the user's ARCH string, check it, and format it for each recipe.
 
-A target is an LLVM processor name (``gfx942``), optionally with target features
-(``gfx90a:xnack+``). Three sets must agree before anything runs: the processors AMD/LLVM
-define, the ones the lock line's ROCm toolchain compiles, and the ones the recipe supports.
+A target is an LLVM processor name (``gfx942``) or generic target (``gfx11-generic``),
+optionally with target features (``gfx90a:xnack+``). Three sets must agree before anything runs:
+the processors AMD/LLVM define, the ones the lock line's ROCm toolchain compiles, and the ones the
+recipe supports.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from importlib import resources
 
 import tomllib
 
-from .errors import RocwheelsError
+from .errors import InputError
 
-_TARGET_ID = re.compile(r"^(gfx[0-9a-f]+)((?::(?:sramecc|xnack)[+-])*)$")
+_TARGET_ID = re.compile(r"^(gfx[0-9a-f]+(?:-[0-9]+)*(?:-generic)?)((?::(?:sramecc|xnack)[+-])*)$")
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,20 @@ class GpuTarget:
 
 
 @cache
+def _table() -> dict:
+    return tomllib.loads(resources.files("pipeline").joinpath("data/gfx-targets.toml").read_text())
+
+
 def known_processors() -> dict[str, str]:
-    """Processor name -> what hardware it is, from ``data/gfx-targets.toml``."""
-    text = resources.files("pipeline").joinpath("data/gfx-targets.toml").read_text()
-    return dict(tomllib.loads(text)["targets"])
+    """Processor or generic target name -> what hardware it is, from ``data/gfx-targets.toml``."""
+    table = _table()
+    generic = {name: "generic target for " + ", ".join(members) for name, members in table["generic"].items()}
+    return {**table["targets"], **generic}
+
+
+def runs_on(code_target: str, processor: str) -> bool:
+    """Whether a code object compiled for ``code_target`` (a processor or a generic target) loads on ``processor``."""
+    return code_target == processor or processor in _table()["generic"].get(code_target, ())
 
 
 def known_processor_list(processors: tuple[str, ...]) -> tuple[str, ...]:
@@ -53,7 +64,7 @@ def parse_targets(arch: str) -> tuple[GpuTarget, ...]:
     for word in filter(None, re.split(r"[;,\s]+", arch.strip())):
         match = _TARGET_ID.match(word)
         if not match or match.group(1) not in known_processors():
-            raise RocwheelsError(
+            raise InputError(
                 f"unknown GPU target {word!r} in ARCH={arch!r}",
                 fix=f"use AMD processor names such as gfx90a or gfx942; known: {', '.join(known_processors())}",
             )
@@ -61,7 +72,7 @@ def parse_targets(arch: str) -> tuple[GpuTarget, ...]:
         if target not in parsed:
             parsed.append(target)
     if not parsed:
-        raise RocwheelsError("no GPU target given", fix="set ARCH, for example ARCH=gfx942 or ARCH='gfx90a;gfx942'")
+        raise InputError("no GPU target given", fix="set ARCH, for example ARCH=gfx942 or ARCH='gfx90a;gfx942'")
     return tuple(parsed)
 
 
@@ -69,7 +80,7 @@ def check_supported(targets: Iterable[GpuTarget], supported: Sequence[str], *, w
     """Fail naming every target outside ``supported`` (processor names) and listing the valid ones."""
     rejected = [str(t) for t in targets if t.processor not in supported]
     if rejected:
-        raise RocwheelsError(
+        raise InputError(
             f"GPU target(s) {', '.join(rejected)} not supported by {what}",
             fix=f"choose from: {', '.join(supported)}",
         )

@@ -13,6 +13,7 @@ import hashlib
 import io
 import re
 import shutil
+import stat
 import zipfile
 import zlib
 from collections import Counter
@@ -29,7 +30,6 @@ from packaging.utils import (
     canonicalize_name,
     parse_wheel_filename,
 )
-from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from .errors import RocwheelsError
@@ -74,12 +74,15 @@ def open_wheel(path: Path) -> Iterator[zipfile.ZipFile]:
             raise RocwheelsError(f"{path}: damaged zip archive ({exc})", fix=_REBUILD) from None
 
 
-def check_wheel(path: Path, *, verify_hashes: bool = False) -> WheelInfo:
+def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
     """Check that ``path`` is a wheel every later step can open safely, and describe it.
 
     Checks the file name, that every member path stays inside the wheel, one ``.dist-info``
     folder matching the name with WHEEL, METADATA and RECORD, and that RECORD and the archive
-    list the same files. ``verify_hashes`` also reads every member and compares its RECORD hash.
+    list the same files. ``verify_hashes`` (the default: every stage checks them, so a member
+    changed after the build is caught before repair writes a RECORD that hides the change) reads
+    every member and compares its RECORD hash and size. Symbolic links are refused: pip would
+    install them as regular files holding the link target's name.
     """
     try:
         filename_name, filename_version, _, _ = parse_wheel_filename(path.name)
@@ -89,6 +92,10 @@ def check_wheel(path: Path, *, verify_hashes: bool = False) -> WheelInfo:
         infos = archive.infolist()
         for info in infos:
             _check_member_path(path, info.filename, "member")
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise RocwheelsError(
+                    f"{path}: member {info.filename} is a symbolic link; installers write it as a regular file",
+                    fix="build the wheel without symlinks (copy the file, or set the library's RPATH instead)")
         repeated = sorted(name for name, count in Counter(i.filename for i in infos).items() if count > 1)
         if repeated:
             raise RocwheelsError(f"{path}: members stored more than once: {_some(repeated)}", fix=_REBUILD)
@@ -182,26 +189,6 @@ def rewrite_wheel(
     )
 
 
-def pin_requirements(metadata: str, pins: Iterable[str]) -> str:
-    """METADATA with a ``Requires-Dist`` line for each pin (``torch==2.14.1+rocm7.2``), in place
-    of the unconditional requirements on the same projects; requirements under a marker stay."""
-    parsed = [Requirement(pin) for pin in pins]
-    pinned = {canonicalize_name(pin.name) for pin in parsed}
-    head, blank, body = metadata.partition("\n\n")
-    lines = head.splitlines()
-
-    def replaced(line: str) -> bool:
-        if not line.startswith("Requires-Dist:"):
-            return False
-        requirement = Requirement(line.split(":", 1)[1].strip())
-        return requirement.marker is None and canonicalize_name(requirement.name) in pinned
-
-    kept = [line for line in lines if not replaced(line)]
-    last = max((i for i, line in enumerate(kept) if line.startswith("Requires-Dist:")), default=len(kept) - 1)
-    kept[last + 1:last + 1] = [f"Requires-Dist: {pin}" for pin in parsed]
-    return "\n".join(kept) + (blank + body if blank else "\n")
-
-
 def replace_platform_tag(filename: str, platform: str) -> str:
     """``foo-1.0-cp311-cp311-linux_x86_64.whl`` with its platform part set to ``platform``."""
     return f"{filename.removesuffix('.whl').rsplit('-', 1)[0]}-{platform}.whl"
@@ -269,7 +256,8 @@ def _verify_hashes(path: Path, archive: zipfile.ZipFile, record: dict[str, tuple
                 digest.update(chunk)
                 length += len(chunk)
         if _format_hash(digest) != recorded or (size and size != str(length)):
-            raise RocwheelsError(f"{path}: {name} does not match its RECORD hash or size", fix=_REBUILD)
+            raise RocwheelsError(f"{path}: member {name} does not match its RECORD hash or size: it changed after the wheel was built",
+                                 fix="do not install, repair or publish this file; rebuild the wheel from its recipe")
 
 
 def _headers(archive: zipfile.ZipFile, name: str) -> Message:

@@ -13,6 +13,7 @@ import pytest
 import zstandard
 from conftest import HIP_ENV, REPO, offload_args
 
+from pipeline.analyze import TargetLayout
 from pipeline.cmd import run
 from pipeline.elf import read_elf
 from pipeline.engine import Engine
@@ -25,6 +26,8 @@ from pipeline.offload import (
     gpu_targets,
     parse_fatbin,
 )
+from pipeline.targets import parse_targets
+from pipeline.verify import ERROR, Expectations, verify_wheel
 
 # The two newest Instinct processors; the lock's debian-sid line records that its clang takes them.
 SID_TARGETS = ("gfx942", "gfx950")
@@ -259,3 +262,38 @@ def test_gpu_targets_are_distinct_processors_sorted():
 def test_empty_or_all_padding_section_has_no_bundles():
     assert parse_fatbin(b"") == ()
     assert parse_fatbin(bytes(4096)) == ()
+
+
+# --- generic targets and target IDs written by a real clang (sid's clang 21) --------------------
+# What ROCm 7 wheels on PyPI carry: a generic code object next to processor-specific ones, and
+# target IDs with features.
+GENERIC_BUILD = ("gfx11-generic", "gfx942:sramecc+", "gfx90a:xnack-")
+
+
+@pytest.fixture(scope="module")
+def sid_generic(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("sid-generic")
+    shutil.copy2(hip_kernel, work / "kernel.hip")
+    script = f"hipcc -fPIC -shared {' '.join(offload_args(GENERIC_BUILD))} kernel.hip -o libgeneric.so"
+    run(podman_engine.command("run", "--rm", "--network", "none", "--env", "HIP_PLATFORM=amd", "--volume", f"{work}:/work",
+                              "--workdir", "/work", sid_base, "bash", "-euo", "pipefail", "-c", script), env=podman_engine.env)
+    return work / "libgeneric.so"
+
+
+@pytest.mark.container
+def test_generic_targets_and_target_ids_are_read_and_accepted(sid_generic, platform_wheel, tmp_path) -> None:
+    bundles = parse_fatbin(read_elf(sid_generic).hip_fatbin)
+    target_ids = {e.target_id for b in bundles for e in b.entries if e.target_id}
+    assert target_ids == set(GENERIC_BUILD)
+    carried = gpu_targets(bundles)
+    assert carried == ("gfx11-generic", "gfx90a", "gfx942")
+    # Every target a real code object carries is one ARCH accepts, with its features.
+    assert tuple(str(t) for t in parse_targets(";".join(sorted(target_ids)))) == tuple(sorted(target_ids))
+    # verify: the generic code object serves gfx1100 and gfx1151; gfx1200 is missing.
+    wheel = platform_wheel(tmp_path, "generic_demo", {"generic_demo/libgeneric.so": sid_generic})
+    layout = TargetLayout(rocm_lib_dir="/usr/lib/x86_64-linux-gnu")
+    report = verify_wheel(wheel, Expectations(layout=layout, targets=("gfx1100", "gfx1151", "gfx942", "gfx90a")), smoke=False)
+    assert not [f for f in report.findings if f.check == "gpu-targets"], report.findings
+    report = verify_wheel(wheel, Expectations(layout=layout, targets=("gfx1200", "gfx942", "gfx90a")), smoke=False)
+    (missing,) = [f for f in report.findings if f.check == "gpu-targets" and f.level == ERROR]
+    assert "no code objects for gfx1200" in missing.message
