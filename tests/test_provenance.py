@@ -63,6 +63,18 @@ def test_a_change_reaches_the_recipe_and_its_dependants_only(recipes):
     assert after["other"] == before["other"]
 
 
+def test_a_changed_pin_rebuilds_that_recipe_and_its_dependants_only(recipes):
+    # base describes 1.0 and 1.1 (the same source folder); the lock pins 1.0, then 1.1.
+    _recipe(recipes, "base", version="1.1")
+    with (recipes / "base.toml").open("a") as recipe:
+        recipe.write('[versions."1.0".source]\npath = "src-base"\n')
+    before = _prints(recipes)
+    (recipes / "lock.toml").write_text(LOCK.replace('base = "1.0"', 'base = "1.1"'))
+    after = _prints(recipes)
+    assert after["base"] != before["base"] and after["ext"] != before["ext"]
+    assert after["other"] == before["other"]
+
+
 @pytest.mark.parametrize("change", ["arch", "driver", "line", "patch", "source"])
 def test_every_input_counts(recipes, change):
     before = _prints(recipes)
