@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         targets = tomllib.loads((HERE / "targets.toml").read_text())["target"]
         generated = ensure_test_wheel(cache, args.size_mb)
         print(f"  {describe(generated.manifest)} ({'reused' if generated.reused else 'generated'})", flush=True)
-        wheels = [generated.path, *_pypi_wheels(cache / "pypi")]
+        wheels = [*_pypi_wheels(cache / "pypi"), generated.path]
         report: dict = {"cpus": os.cpu_count(), "repeat": args.repeat, "wheels": {}}
         failed: list[str] = []
         for wheel in wheels:

@@ -66,7 +66,11 @@ class Verdict:
 
 
 def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds) -> Verdict:
-    """auditwheel's verdict on ``wheel`` (whose ELF ``members`` are listed), as ``repair --plat`` sees it."""
+    """auditwheel's verdict on ``wheel`` (whose ELF ``members`` are listed), as ``repair --plat`` sees it.
+
+    The tag is one the contents allow: without ``plat`` the best one auditwheel finds, with it
+    only if no symbol version, ISA level or blacklisted symbol forbids it (else an error).
+    """
     try:
         architecture = get_wheel_architecture(wheel.name)
     except (WheelToolsError, NonPlatformWheelError):

@@ -37,7 +37,6 @@ from . import audit, cmd
 from .elf import ELF_MAGIC, ElfError, ElfInfo, is_elf, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
-from .platform_tag import require_platform_tag
 from .provenance import rocwheels_version
 from .requirements import pin_requirements
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
@@ -206,8 +205,6 @@ def repair_wheel(
             if name not in added:
                 changed[name] = path
         tag = verdict.tag
-        # With the rules verify applies (the system's library folders only), before the tag is written.
-        require_platform_tag(grafted if verdict.grafts else skeleton, tag, policy.excludes)
         wheel_member = f"{raw.dist_info}/WHEEL"
         retagged = _retag(wheel_text, tag)
         if retagged != wheel_text:
