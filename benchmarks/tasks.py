@@ -62,9 +62,19 @@ def bigwheel(source: Path, out: Path, size: str) -> None:
     def b64(digest: bytes) -> str:
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
+    import tempfile
+
+    from pipeline.elf import read_elf
+
+    def standalone(data: bytes) -> bool:  # needs no other library of its wheel
+        with tempfile.NamedTemporaryFile(suffix=".so") as file:
+            file.write(data)
+            file.flush()
+            return not any(needed.startswith("librocbench") for needed in read_elf(file.name, with_fatbin=False).needed)
+
     with zipfile.ZipFile(source) as archive:
-        library = min((i for i in archive.infolist() if i.filename.endswith(".so")), key=lambda i: i.file_size)
-        library_bytes = archive.read(library)
+        libraries = sorted((i for i in archive.infolist() if i.filename.endswith(".so")), key=lambda i: i.file_size)
+        library_bytes = next(data for data in map(archive.read, libraries) if standalone(data))
     dist_info = "rocbigwheel-1.0.dist-info"
     small = {
         "rocbigwheel/__init__.py": b"",

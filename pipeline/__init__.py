@@ -4,3 +4,12 @@ One module per pipeline stage: ``recipes``/``lock`` (what to build), ``targets``
 architectures), ``plan`` (ordered steps), ``build``, ``repair``, ``verify``, ``publish``;
 ``cli`` is a thin click layer over them.
 """
+
+from importlib.metadata import PackageNotFoundError, version
+
+
+def rocwheels_version() -> str:
+    try:
+        return version("rocwheels")
+    except PackageNotFoundError:  # run from a source tree without installing
+        return "unknown"

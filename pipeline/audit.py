@@ -15,7 +15,6 @@ import re
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
-from importlib.metadata import version
 from pathlib import Path
 
 from auditwheel.error import NonPlatformWheelError, WheelToolsError
@@ -41,7 +40,6 @@ _FIX_MISSING = (
     "or install it in the builder (or put its folder on LD_LIBRARY_PATH) so it is grafted"
 )
 
-VERSION = version("auditwheel")
 Log = logging.Logger | logging.LoggerAdapter
 # Called only when a library is missing: the wheel's ELF files as (member, extracted path, NEEDED).
 WhoNeeds = Callable[[], Sequence[tuple[str, Path, Sequence[str]]]]

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """rocwheels' cache: downloads, compiler cache, repair notes (``ROCWHEELS_CACHE`` moves it)."""
+    return Path(os.environ.get("ROCWHEELS_CACHE", Path.home() / ".cache" / "rocwheels"))
 
 
 def fresh_dir(path: Path) -> Path:

@@ -15,10 +15,10 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from . import rocwheels_version
 from .errors import RocwheelsError
 from .plan import Plan, Step
 from .sources import IGNORED_NAMES, file_sha256
@@ -26,13 +26,6 @@ from .sources import IGNORED_NAMES, file_sha256
 SUFFIX = ".provenance.json"
 # Bumped when the record's meaning changes: an older record then no longer matches.
 RECORD_FORMAT = 1
-
-
-def rocwheels_version() -> str:
-    try:
-        return version("rocwheels")
-    except PackageNotFoundError:  # run from a source tree without installing
-        return "unknown"
 
 
 @dataclass(frozen=True)

