@@ -47,7 +47,7 @@ from .wheelfile import (
     replace_platform_tag,
     rewrite_wheel,
 )
-from .zipwrite import Added, copy_file, extract_members, write_stored
+from .zipwrite import Added, copy_file, extract_members, record_rows, write_stored
 
 if TYPE_CHECKING:
     from .lock import Line
@@ -156,7 +156,9 @@ def repair_wheel(
     """
     log = logger or logging.getLogger(LOGGER)
     policy = settings.policy()
-    raw = check_wheel(raw_wheel)
+    # RECORD hashes are checked below, while the ELF files are unpacked (and the other members
+    # inflated, in parallel, to nothing): a member changed after the build stops the repair.
+    raw = check_wheel(raw_wheel, verify_hashes=False)
     started = time.monotonic()
     known = _repaired_marker(raw_wheel, settings)
     if known.exists():
@@ -177,7 +179,9 @@ def repair_wheel(
             elf_names = [name for name, info in members.items() if not info.is_dir() and _starts_with_elf(archive, info)]
             wheel_text = archive.read(f"{raw.dist_info}/WHEEL").decode("utf-8")
             metadata_text = archive.read(f"{raw.dist_info}/METADATA").decode("utf-8")
-        tree = extract_members(raw_wheel, elf_names, work / "tree", threads=threads)
+            record = record_rows(archive, f"{raw.dist_info}/RECORD")
+        others = [name for name, info in members.items() if not info.is_dir() and name not in elf_names and name in record]
+        tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, check_only=others, threads=threads)
         # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
         (work / "skeleton").mkdir()
         skeleton = write_stored(

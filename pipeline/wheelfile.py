@@ -181,7 +181,9 @@ def rewrite_wheel(
     """
     if not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION and compression_level != zlib.Z_DEFAULT_COMPRESSION:
         raise ValueError(f"deflate level {compression_level} is not -1 or 0..9")
-    info = check_wheel(source)
+    # Unchanged members keep their RECORD rows (a changed member stays visible to verify): no need
+    # to read them all here.
+    info = check_wheel(source, verify_hashes=False)
     return write_wheel(
         source, dest, record=f"{info.dist_info}/RECORD", changed=replace, added=added,
         dropped=dropped | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES},

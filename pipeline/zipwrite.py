@@ -21,12 +21,14 @@ import struct
 import tempfile
 import zipfile
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from zlib_ng import zlib_ng
+
+from .errors import RocwheelsError
 
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
 _WINDOW = 32 << 10  # deflate's dictionary: what a chunk may refer back to in the previous one
@@ -80,7 +82,7 @@ def write_wheel(
             unknown = set(changed) - set(archive.namelist())
             if unknown:
                 raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
-            rows = _record_rows(archive, record)
+            rows = record_rows(archive, record)
             writer = _Writer(out, force_zip64)
             with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
                 new_rows: list[tuple[str, str, str]] = []
@@ -112,24 +114,33 @@ def write_wheel(
     return dest
 
 
-def extract_members(source: Path, names: list[str], dest: Path, *, threads: int | None = None) -> dict[str, Path]:
+def extract_members(
+    source: Path, names: list[str], dest: Path, *, record: Mapping[str, tuple[str, str, str]],
+    check_only: Sequence[str] = (), threads: int | None = None,
+) -> dict[str, Path]:
     """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
-    keeping permission bits; member -> file. CRCs are checked."""
+    keeping permission bits; member -> file. CRCs and the sha256 of ``record``'s rows are checked
+    on the way (what is inflated anyway is also hashed: a member changed after the build is caught)."""
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
-    targets = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
+    targets: dict[str, Path | None] = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
     for target in targets.values():
         target.parent.mkdir(parents=True, exist_ok=True)
+    if check_only:
+        # The members repair copies as they are: inflated and hashed only, nothing written.
+        targets.update(dict.fromkeys(check_only))
+        with zipfile.ZipFile(source) as archive:
+            infos += [archive.getinfo(name) for name in check_only]
     with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
         # Largest first: the longest job starts at once.
-        for done in [pool.submit(_inflate, source, info, targets[info.filename])
+        for done in [pool.submit(_inflate, source, info, targets[info.filename], record.get(info.filename, ("", "", ""))[1])
                      for info in sorted(infos, key=lambda i: -i.file_size)]:
             done.result()
-    return targets
+    return {name: target for name, target in targets.items() if target is not None}
 
 
-def _inflate(source: Path, info: zipfile.ZipInfo, target: Path) -> None:
-    with open(source, "rb") as raw, target.open("wb") as sink:
+def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str) -> None:
+    with open(source, "rb") as raw, (target.open("wb") if target else open(os.devnull, "wb")) as sink:
         raw.seek(info.header_offset)
         fields = _LOCAL.unpack(raw.read(_LOCAL.size))
         raw.seek(fields[9] + fields[10], os.SEEK_CUR)
@@ -137,6 +148,7 @@ def _inflate(source: Path, info: zipfile.ZipInfo, target: Path) -> None:
         if info.compress_type not in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
             raise zipfile.BadZipFile(f"{source.name}: {info.filename} uses compression method {info.compress_type}")
         crc = 0
+        digest = hashlib.sha256()
         remaining = info.compress_size
         while remaining:
             block = raw.read(min(remaining, 1 << 20))
@@ -145,15 +157,21 @@ def _inflate(source: Path, info: zipfile.ZipInfo, target: Path) -> None:
             remaining -= len(block)
             data = inflater.decompress(block) if inflater else block
             crc = zlib_ng.crc32(data, crc)
+            digest.update(data)
             sink.write(data)
         if inflater:
             data = inflater.flush()
             crc = zlib_ng.crc32(data, crc)
+            digest.update(data)
             sink.write(data)
     if crc != info.CRC:
         raise zipfile.BadZipFile(f"{source.name}: {info.filename} fails its CRC check")
-    mode = (info.external_attr >> 16) & 0o777
-    target.chmod((mode or 0o644) | 0o600)  # stay writable: the caller may patch it
+    if recorded.startswith("sha256=") and recorded != "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii"):
+        raise RocwheelsError(f"{source}: member {info.filename} does not match its RECORD hash: it changed after the wheel was built",
+                             fix="do not install, repair or publish this file; rebuild the wheel from its recipe")
+    if target:
+        mode = (info.external_attr >> 16) & 0o777
+        target.chmod((mode or 0o644) | 0o600)  # stay writable: the caller may patch it
 
 
 def write_stored(dest: Path, files: Mapping[str, tuple[Path, int]], texts: Mapping[str, str]) -> Path:
@@ -349,7 +367,8 @@ def _copy_range(source: io.BufferedReader, sink: io.BufferedRandom, length: int)
             remaining -= len(block)
 
 
-def _record_rows(archive: zipfile.ZipFile, record: str) -> dict[str, tuple[str, str, str]]:
+def record_rows(archive: zipfile.ZipFile, record: str) -> dict[str, tuple[str, str, str]]:
+    """RECORD's rows by member name: (name, "sha256=...", size)."""
     text = archive.read(record).decode("utf-8")
     return {row[0]: (row[0], row[1], row[2]) for row in csv.reader(io.StringIO(text)) if len(row) == 3}
 
