@@ -270,7 +270,7 @@ def _code_objects(path: Path) -> _CodeObjects:
         def release(start: int, length: int) -> None:
             # Pages already read leave this process (they stay in the page cache).
             first = (offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
-            mapped.madvise(mmap.MADV_DONTNEED, first, offset + start + length - first)
+            mapped.madvise(mmap.MADV_DONTNEED, first, min(offset + start + length, len(mapped)) - first)
 
         with memoryview(mapped) as view, view[offset:offset + size] as section:
             try:

@@ -38,7 +38,8 @@ _NON_ZERO = re.compile(rb"[^\x00]")
 # Of an inflated bundle only its header is kept (magic, count, entry table): the code objects are
 # inflated piece by piece and dropped. 4 MiB holds the table of ~50,000 entries.
 HEADER_LIMIT = 4 << 20
-_PIECE = 1 << 20
+# Compressed bytes per step: code objects deflate ~100x, so a step inflates to about a megabyte.
+_PIECE = 16 << 10
 
 # Given (offset, length) in the section: the caller may drop those bytes from memory (an mmap's pages).
 Release = Callable[[int, int], None]
@@ -93,7 +94,7 @@ def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tu
             entries, end = _read_plain(data, pos, f"offload bundle at 0x{pos:x}")
             bundle = Bundle(pos, end - pos, None, None, entries)
         elif _at(data, pos, CCOB_MAGIC):
-            bundle = _read_compressed(data, pos)
+            bundle = _read_compressed(data, pos, release)
         else:
             raise OffloadBundleError(
                 f"offload bundle at 0x{pos:x}: expected {PLAIN_MAGIC.decode()!r}, 'CCOB' or zero "
@@ -173,7 +174,7 @@ def _read_plain(data: bytes | memoryview, start: int, where: str, length: int | 
     return tuple(entries), end
 
 
-def _read_compressed(data: bytes, start: int) -> Bundle:
+def _read_compressed(data: bytes | memoryview, start: int, release: Release | None = None) -> Bundle:
     where = f"compressed offload bundle at 0x{start:x}"
     _, version = _unpack(_CCOB_VERSION, data, start, where, "the CCOB version")
     header = _CCOB_HEADERS.get(version)
@@ -204,7 +205,8 @@ def _read_compressed(data: bytes, start: int) -> Bundle:
             f"{len(data) - start} remain"
         )
     with memoryview(data) as view, view[payload_start:payload_end] as payload:
-        head, inflated, used = _inflate(method, payload, where)
+        head, inflated, used = _inflate(method, payload, where,
+                                        (lambda offset, length: release(payload_start + offset, length)) if release else None)
     if inflated != raw_size:
         raise OffloadBundleError(f"{where}: inflated to {inflated} bytes, the header says {raw_size}")
     entries, _ = _read_plain(head, 0, f"{where} (inflated)", length=inflated)
@@ -212,9 +214,9 @@ def _read_compressed(data: bytes, start: int) -> Bundle:
     return Bundle(start, size, method, version, entries)
 
 
-def _inflate(method: str, payload: memoryview, where: str) -> tuple[bytes, int, int]:
+def _inflate(method: str, payload: memoryview, where: str, release: Release | None = None) -> tuple[bytes, int, int]:
     """Inflate the stream at the start of ``payload`` piece by piece: (its first HEADER_LIMIT
-    bytes, its inflated size, how many payload bytes it used)."""
+    bytes, its inflated size, how many payload bytes it used). ``release`` hears of each piece read."""
     inflater = zlib.decompressobj() if method == "zlib" else zstandard.ZstdDecompressor().decompressobj()
     head = bytearray()
     inflated = used = 0
@@ -222,6 +224,8 @@ def _inflate(method: str, payload: memoryview, where: str) -> tuple[bytes, int, 
         while used < len(payload) and not inflater.eof:
             with payload[used:used + _PIECE] as piece:
                 plain = inflater.decompress(piece)
+                if release:
+                    release(used, len(piece))
                 used += len(piece) - len(inflater.unused_data)
             inflated += len(plain)
             if len(head) < HEADER_LIMIT:
