@@ -1,8 +1,9 @@
 """Which platform tag a wheel's contents allow: auditwheel's own policy analysis (symbol
 versions of glibc, libstdc++ and friends, instruction-set level, blacklisted symbols).
 
-repair asks before it writes a tag, verify asks of every wheel: a ``manylinux_2_X`` tag is a
-promise that the wheel runs on any distribution with glibc 2.X, and only the contents can keep it.
+verify asks of every wheel (repair asks the same analysis in ``audit.analyze``): a ``manylinux_2_X``
+tag is a promise that the wheel runs on any distribution with glibc 2.X, and only the contents can
+keep it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from auditwheel.wheel_abi import analyze_wheel_abi
 from elftools.common.exceptions import ELFError
 
 from .analyze import DEFAULT_LIBRARY_DIRS, MUSL_LIBRARY_DIRS
-from .errors import RocwheelsError
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,3 @@ def check_platform_tag(wheel: Path, tag: str, excludes: Sequence[str]) -> Allowe
     if too_new:
         reasons.append(f"needs {', '.join(too_new)}")
     return AllowedPlatform(best.name, f"its contents do not allow {tag} ({'; '.join(reasons)}); the most they allow is {best.name}")
-
-
-def require_platform_tag(wheel: Path, tag: str, excludes: Sequence[str]) -> None:
-    """Stop before ``tag`` is written on a wheel whose contents do not allow it."""
-    allowed = check_platform_tag(wheel, tag, excludes)
-    if allowed is not None and allowed.problem:
-        raise RocwheelsError(
-            f"cannot tag {wheel.name} {tag}: {allowed.problem}",
-            fix="build in an older builder image (a manylinux one), or stop using the newer symbols; "
-                "a wheel only linux_* allows cannot be shared as manylinux",
-        )

@@ -10,7 +10,7 @@ from hip_wheels import EXT, PY_INCLUDE
 
 from pipeline.cmd import run
 from pipeline.errors import RocwheelsError
-from pipeline.platform_tag import check_platform_tag, require_platform_tag
+from pipeline.platform_tag import check_platform_tag
 from pipeline.repair import repair_wheel
 from pipeline.verify import Expectations, verify_wheel
 
@@ -63,8 +63,6 @@ def test_symbol_outside_every_policy_allows_only_linux(wheels):
     allowed = check_platform_tag(wheels["odd"], "manylinux_2_41_x86_64", ())
     assert allowed is not None and allowed.best == "linux_x86_64"
     assert "GLIBC_9.99" in allowed.problem and "libm.so.6" in allowed.problem
-    with pytest.raises(RocwheelsError, match="cannot tag .* manylinux_2_41_x86_64: .*GLIBC_9.99"):
-        require_platform_tag(wheels["odd"], "manylinux_2_41_x86_64", ())
 
 
 def test_verify_flags_a_tag_the_contents_do_not_allow(wheels):
@@ -77,7 +75,8 @@ def test_verify_flags_a_tag_the_contents_do_not_allow(wheels):
 def test_repair_refuses_and_leaves_nothing(wheels, tmp_path):
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
-    with pytest.raises(RocwheelsError, match="odd-1.0"):
+    # auditwheel's own automatic choice would be its newest manylinux tag.
+    with pytest.raises(RocwheelsError, match="odd-1.0.*symbols newer than"):
         repair_wheel(wheels["odd-raw"], wheelhouse)
     assert list(wheelhouse.iterdir()) == []
 
