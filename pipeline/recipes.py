@@ -36,6 +36,9 @@ LOCK_FILE = "lock.toml"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
+URL_SCHEMES = ("https", "http", "file")
+
+
 class Source(Model):
     """Where the source comes from: exactly one of ``path``, ``url`` (+ sha256), ``git`` (+ commit)."""
 
@@ -52,6 +55,8 @@ class Source(Model):
         kinds = [k for k in ("path", "url", "git") if getattr(self, k)]
         if len(kinds) != 1:
             raise ValueError(f"path: give exactly one of path, url, git (got: {', '.join(kinds) or 'none'})")
+        if self.url and urlsplit(self.url).scheme not in URL_SCHEMES:
+            raise ValueError(f"url: {self.url!r} has no scheme rocwheels downloads; write the full address ({' or '.join(URL_SCHEMES)}://...)")
         if self.url and not re.fullmatch(r"[0-9a-f]{64}", self.sha256 or ""):
             raise ValueError("sha256: a url source needs sha256 = 64 lowercase hex digits (sha256sum of the archive)")
         if self.git and not re.fullmatch(r"[0-9a-f]{40}", self.commit or ""):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import shutil
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -62,24 +64,31 @@ def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.Logger
 
 
 def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter, *, target: Path | None = None) -> Path:
-    """Download once into the cache, keyed by the expected hash; a mismatch deletes the file."""
-    target = target or cache_dir() / "sources" / f"{sha256}-{Path(url).name}"
+    """Download once into the cache, keyed by the expected hash; a mismatch deletes the file.
+
+    The download is written under a temporary name and renamed only once its hash matches; an
+    error or an interruption removes it, so the cache holds complete, checked files only.
+    """
+    target = target or cache_dir() / "sources" / f"{sha256}-{Path(urllib.parse.urlsplit(url).path).name}"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s", url)
-    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as partial:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                shutil.copyfileobj(response, partial)
-        except OSError as exc:
-            os.unlink(partial.name)
-            raise RocwheelsError(f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache") from None
-    digest = file_sha256(Path(partial.name))
-    if digest != sha256:
-        os.unlink(partial.name)
-        raise ConfigError(recipe_file, field, f"{url} has sha256 {digest}, the recipe expects {sha256}", fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed")
-    os.replace(partial.name, target)
+    partial = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False)
+    try:
+        with partial:
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response:
+                    shutil.copyfileobj(response, partial)
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                raise RocwheelsError(f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache") from None
+        digest = file_sha256(Path(partial.name))
+        if digest != sha256:
+            raise ConfigError(recipe_file, field, f"{url} has sha256 {digest}, the recipe expects {sha256}", fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed")
+        os.replace(partial.name, target)
+    except BaseException:
+        Path(partial.name).unlink(missing_ok=True)
+        raise
     return target
 
 
