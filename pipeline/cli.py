@@ -20,6 +20,7 @@ from .plan import (
     Plan,
     describe,
     label_aliases,
+    linked_pins,
     plan_document,
     select_plan,
     wheel_origin,
@@ -246,7 +247,7 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
         if recipe and line:
-            expect = expectations_for(recipe, line, targets, version=wheel_version(recipe, line))
+            expect = expectations_for(recipe, line, targets, version=wheel_version(recipe, line), pins=linked_pins(obj.layout, recipe, line))
         else:
             expect = Expectations(targets=targets)
         if rocm_lib_dir:
