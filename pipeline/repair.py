@@ -156,7 +156,7 @@ def repair_wheel(
         relinked = time.monotonic()
         result = check_wheel(repaired)
         tag = audit.one_platform_tag(raw.platform_tags, result.platform_tags)
-        require_platform_tag(repaired, tag, policy.excludes)
+        require_platform_tag(repaired, tag)
         wheel_member, metadata_member = f"{result.dist_info}/WHEEL", f"{result.dist_info}/METADATA"
         with open_wheel(repaired) as archive:
             wheel_text = archive.read(wheel_member).decode("utf-8")
