@@ -67,7 +67,7 @@ class ElfMember:
 class TargetLayout:
     """Where excluded libraries come from on the machine that installs the wheel."""
 
-    rocm_lib_dir: str = "/opt/rocm/lib"
+    rocm_lib_dir: str | None = "/opt/rocm/lib"  # None: ROCm from pip packages, among link_packages
     link_packages: tuple[LinkPackage, ...] = ()  # torch's libraries from site-packages/torch/lib
     policy: RocmPolicy = field(default_factory=load_policy)
 
@@ -225,12 +225,15 @@ class _Resolver:
             if folder == layout.rocm_lib_dir and layout.policy.is_rocm(soname):
                 return Dependency(soname, Kind.ROCM, folder)
             if any(link.lib_dir == folder and link.provides(soname) for link in layout.link_packages):
-                return Dependency(soname, Kind.PACKAGE, folder)
+                # ROCm from pip packages (TheRock) is still ROCm: never grafted, resolved in site-packages.
+                return Dependency(soname, Kind.ROCM if layout.policy.is_rocm(soname) else Kind.PACKAGE, folder)
         if soname in self.system or soname.startswith(("ld-linux", "ld-musl")):
             return Dependency(soname, Kind.SYSTEM, "system")
-        if layout.policy.is_rocm(soname):
-            return Dependency(soname, Kind.ROCM, None, f"the search path lacks the ROCm library folder {layout.rocm_lib_dir}")
         providers = [link.lib_dir for link in layout.link_packages if link.provides(soname)]
+        if layout.policy.is_rocm(soname):
+            if layout.rocm_lib_dir is None:  # a `wheels` line: ROCm lives in pip packages
+                return Dependency(soname, Kind.ROCM, None, f"the search path reaches none of the ROCm packages' folders {', '.join(providers)}")
+            return Dependency(soname, Kind.ROCM, None, f"the search path lacks the ROCm library folder {layout.rocm_lib_dir}")
         if providers:
             return Dependency(soname, Kind.PACKAGE, None, f"the search path does not reach {', '.join(providers)}")
         elsewhere = [p for p, elf in self.installed.items() if posixpath.basename(p) == soname or elf.soname == soname]

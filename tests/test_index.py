@@ -156,3 +156,17 @@ def test_a_package_with_its_own_label_joins_its_line(tmp_path, make_wheel):
     assert root.name == "rocm6.2" and (root / "vllm" / "index.html").is_file()
     (constraints,) = write_constraints(wheelhouse, lines)
     assert "vllm==0.7.3+rocm624" in constraints.read_text() and constraints.name == "constraints-rocm6.2.txt"
+
+
+@pytest.mark.network
+def test_a_file_changed_on_the_static_index_fails_the_hash_checked_install(tmp_path, make_wheel, static_server,
+                                                                          fresh_venv, pip_install):
+    """The index serves exactly the verified bytes: a file swapped on the server after `index build` is refused."""
+    wheelhouse = tmp_path / "wheelhouse"
+    make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
+    build_static_index(wheelhouse)
+    (constraints,) = write_constraints(wheelhouse)
+    make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9", build="tampered")  # same name, other bytes
+
+    with static_server(wheelhouse) as url, pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
+        pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "-c", constraints, CANARY)
