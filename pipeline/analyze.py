@@ -11,8 +11,8 @@ from __future__ import annotations
 import posixpath
 import re
 import tempfile
-from collections import deque
 import zipfile
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
