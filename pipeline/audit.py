@@ -170,8 +170,10 @@ def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:
 
 def _too_recent(wheel: Path) -> RocwheelsError:
     return RocwheelsError(
-        f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows",
-        fix="drop the plat setting (auditwheel then picks the tag the symbols allow), or build in an older builder image",
+        f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows "
+        "(or newer than every manylinux platform)",
+        fix="build in an older builder image (a manylinux one); if the lock line or --plat sets a platform, "
+            "dropping it lets auditwheel pick the tag the symbols allow",
     )
 
 
