@@ -44,6 +44,7 @@ from .log import recipe_logger
 from .plan import Plan, Step
 from .recipes import LOCK_FILE, Smoke
 from .repair import RepairSettings
+from .rocm_wheels import BUILDER_ROCM_WHEELS
 from .smoke import gpu_present
 from .sources import cache_dir, prepare_source
 from .wheels import Driver
@@ -175,7 +176,7 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
         "CMAKE_HIP_COMPILER_LAUNCHER": "ccache",
         "HIPCC": CCACHE_HIPCC,
         # pip finds the depends_on wheels here: before the build, and in the smoke test's venv.
-        **({"PIP_FIND_LINKS": f"{CONTAINER_PROJECT}/{HELPERS}/deps"} if step.dependencies else {}),
+        **({"PIP_FIND_LINKS": " ".join(links)} if (links := _find_links(step, line)) else {}),
     }
     create_args = [f"--volume={ccache}:{CONTAINER_CCACHE}"]
     if gpu:
@@ -197,6 +198,11 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
         "CIBW_REPAIR_WHEEL_COMMAND": repair_command(plan, step),
         "CIBW_TEST_COMMAND": f"bash {{project}}/{HELPERS}/smoke.sh",
     }
+
+
+def _find_links(step: Step, line: Line) -> list[str]:
+    """Where pip finds the depends_on wheels, and a `wheels` line's ROCm packages (kept in the image)."""
+    return [*([f"{CONTAINER_PROJECT}/{HELPERS}/deps"] if step.dependencies else []), *([BUILDER_ROCM_WHEELS] if line.rocm_wheels else [])]
 
 
 def repair_command(plan: Plan, step: Step) -> str:

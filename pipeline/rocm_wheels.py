@@ -33,6 +33,8 @@ LIBRARY_FOLDERS = (
     "_rocm_sdk_core/lib/rocm_sysdeps/lib",
     "_rocm_sdk_libraries/lib",
 )
+# Where the builder image keeps the ROCm packages' wheel files (docker/builder/provision.sh).
+BUILDER_ROCM_WHEELS = "/opt/rocm-sdk/wheels"
 # The distribution each folder comes from, for people reading `inspect` and `doctor`.
 FOLDER_PACKAGES = {
     "_rocm_sdk_core/lib": "rocm-sdk-core",
