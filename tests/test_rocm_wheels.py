@@ -264,3 +264,11 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
         output = run(podman_engine.command("run", "--rm", "--network=host", python_only, "sh", "-c", script), env=podman_engine.env).output
     assert f"maps ['/venv/lib/python3.11/site-packages/_rocm_sdk_core/lib/{standin.hip_soname}']" in output, output
     assert "devices" in output
+
+
+def test_the_containers_repair_command_carries_the_wheels_provider(tmp_path):
+    from pipeline.repair import RepairSettings
+
+    line = load_lock(write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
+    options = RepairSettings.for_recipe(None, line).cli_options()
+    assert options == ["--rocm-provider", "wheels", "--requires-pin", REQUIRES]
