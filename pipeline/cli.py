@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 
 from . import lock as lockmod
-from .errors import RocwheelsError
+from .errors import InputError, Interrupted, RocwheelsError
 from .constraints import check_constraints, compile_constraints
 from .layout import Layout
+from .locking import wheelhouse_lock
 from .log import setup_logging
 from .plan import (
     Plan,
@@ -49,6 +50,8 @@ def target_options(command):
                            help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
     command = click.option("--jobs", type=click.IntRange(min=1), default=None, envvar="ROCWHEELS_JOBS",
                            help="parallel compile jobs ({jobs} in recipes); default: this machine's cores")(command)
+    command = click.option("--python", default=None, envvar="ROCWHEELS_PYTHON",
+                           help="build for this one of the line's Python versions (X.Y; one CI job each); default: all")(command)
     return command
 
 
@@ -127,18 +130,19 @@ def lock_pin(obj: Context, rocm: str | None, refresh: bool, engine_name: str | N
 @target_options
 @click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="the plan as JSON, for machines (CI)")
-def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, as_json: bool) -> None:
+def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
+                 as_json: bool) -> None:
     """Print the ordered build steps with their environment and commands; runs nothing."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     click.echo(json.dumps(plan_document(plan), indent=2) if as_json else describe(plan))
 
 
 @cli.command("build")
 @target_options
 @click.pass_obj
-def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None) -> None:
+def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
         built = build(step, obj.layout, lambda line: None)
@@ -154,13 +158,21 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 @cli.command("wheels")
 @target_options
 @click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
+@click.option("--from-index", default=None, envvar="ROCWHEELS_REUSE_INDEX",
+              help="PEP 503 simple URL holding wheels with provenance records (rocwheels index build): take the exact builds from there")
 @click.pass_obj
-def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, force: bool) -> None:
+def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
+                   force: bool, from_index: str | None) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from .wheels import make_wheels, summary_table
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
-    outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        if from_index and not force:
+            from .ci import fetch_from_index
+
+            fetch_from_index(plan, obj.layout, from_index)
+        outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
         raise RocwheelsError("some recipes failed; their logs are in " + str(obj.layout.logs))
@@ -192,17 +204,18 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
     from .repair import RepairSettings, repair_wheel
     from .rocm_wheels import package_links
 
-    for wheel in _wheel_paths(wheels):
-        recipe, line = wheel_origin(obj.layout, wheel, rocm)
-        settings = RepairSettings.for_recipe(recipe, line).extended(
-            excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
-            rocm_lib_dir=rocm_lib_dir, plat=plat,
-        )
-        if rocm_provider == "wheels":
-            links = tuple(dict.fromkeys((*settings.link_packages, *package_links())))
-            settings = replace(settings, rocm_lib_dir=None, link_packages=links)
-        repaired = repair_wheel(wheel, (wheel_dir or obj.layout.wheelhouse).resolve(), settings)
-        click.echo(str(repaired))
+    output = (wheel_dir or obj.layout.wheelhouse).resolve()
+    with wheelhouse_lock(output):
+        for wheel in _wheel_paths(wheels):
+            recipe, line = wheel_origin(obj.layout, wheel, rocm)
+            settings = RepairSettings.for_recipe(recipe, line).extended(
+                excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
+                rocm_lib_dir=rocm_lib_dir, plat=plat,
+            )
+            if rocm_provider == "wheels":
+                links = tuple(dict.fromkeys((*settings.link_packages, *package_links())))
+                settings = replace(settings, rocm_lib_dir=None, link_packages=links)
+            click.echo(str(repair_wheel(wheel, output, settings)))
 
 
 @cli.command("verify")
@@ -225,7 +238,10 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
         verify_wheel,
     )
 
-    targets = tuple(t.processor for t in parse_targets(arch)) if arch else None
+    # --arch "" is a mistake, not "no target check": only a missing --arch skips the check.
+    targets = tuple(t.processor for t in parse_targets(arch)) if arch is not None else None
+    # The smoke test's venv is made in the work folder, which a fresh clone does not have yet.
+    obj.layout.work_dir.mkdir(parents=True, exist_ok=True)
     reports = []
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
@@ -268,7 +284,8 @@ def publish_command(obj: Context, repository: str, simple_url: str | None, confi
     """Upload the wheelhouse's wheels with twine; files already there (same sha256) are skipped."""
     from .publish import publish
 
-    result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
     click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there")
 
 
@@ -278,21 +295,28 @@ def index_group() -> None:
 
 
 @index_group.command("build")
-@click.option("--hashes/--no-hashes", default=True, show_default=True,
-              help="sha256 per wheel in constraints-<line>.txt (pip then checks hashes for the whole install)")
 @click.pass_obj
-def index_build(obj: Context, hashes: bool) -> None:
-    """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
-    from .index import build_static_index, wheels_by_label, write_constraints
+def index_build(obj: Context) -> None:
+    """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
+    requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
+    from .index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
     from .rocm_wheels import constraint_pins
 
-    lines = wheels_by_label(obj.layout.wheelhouse, label_aliases(obj.layout))
-    for root in build_static_index(obj.layout.wheelhouse, lines):
-        click.echo(f"index: {root}/")
+    aliases = label_aliases(obj.layout)
+    if not obj.layout.wheelhouse.is_dir():
+        raise InputError(f"no wheelhouse at {obj.layout.wheelhouse}",
+                         fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse")
     lock_lines = lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values() if (obj.layout.recipes_dir / LOCK_FILE).is_file() else ()
     rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
-    for path in write_constraints(obj.layout.wheelhouse, lines, hashes=hashes, rocm_pins=rocm_pins):
-        click.echo(f"constraints: {path}")
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        lines = wheels_by_label(obj.layout.wheelhouse, aliases)
+        check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
+        for root in build_static_index(obj.layout.wheelhouse, lines):
+            click.echo(f"index: {root}/")
+        for path in write_constraints(obj.layout.wheelhouse, lines, rocm_pins=rocm_pins):
+            click.echo(f"constraints: {path}")
+        for path in write_requirements(obj.layout.wheelhouse, lines):
+            click.echo(f"requirements: {path}")
 
 
 @index_group.command("mirror")
@@ -325,7 +349,7 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 @click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True)
 @click.option("--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
-@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
     """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login."""
     from .serve import serve
@@ -350,6 +374,36 @@ def demo_command(obj: Context, arch: str | None) -> None:
     for step in steps:
         table.add_row(step.name, step.result, f"{step.seconds:.1f} s" if step.seconds else "")
     Console().print(table)
+
+
+@cli.group("ci")
+def ci_group() -> None:
+    """The CI job: the build matrix for .github/workflows/wheels.yml and .gitlab-ci.yml."""
+
+
+@ci_group.command("matrix")
+@click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")
+@click.option("--arch", default=None, envvar="ROCWHEELS_ARCH", help="GPU targets (default: every target of the line)")
+@click.option("--recipes", default=None, help="recipes, comma separated (default: all in the line); dependencies are added")
+@click.option("--driver", type=click.Choice(DRIVERS), default="container", envvar="ROCWHEELS_DRIVER", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(("json", "github", "gitlab")), default="json", show_default=True,
+              help="github: key=value lines for $GITHUB_OUTPUT; gitlab: the child pipeline")
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="write there instead of stdout (github: appended, as $GITHUB_OUTPUT wants)")
+@click.pass_obj
+def ci_matrix_command(obj: Context, rocm: str | None, arch: str | None, recipes: str | None, driver: str, output_format: str,
+                      output: Path | None) -> None:
+    """The line's recipe x Python jobs in dependency stages, from the same plan as `make wheels`."""
+    from .ci import ci_matrix, render
+
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
+    matrix = ci_matrix(plan_document(plan))
+    text = render(matrix, output_format, arch=";".join(matrix.targets), recipes=recipes)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        with output.open("a" if output_format == "github" else "w", encoding="utf-8") as sink:
+            sink.write(text)
 
 
 @cli.group("image")
@@ -415,13 +469,14 @@ def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) 
 @cli.command("doctor")
 @click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets the wheels are built for (checked against this host's GPUs)")
 @click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line to compare the host's ROCm with")
+@engine_option
 @click.pass_obj
-def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
+def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name: str | None) -> None:
     """Check this host: container engine, GPU devices and groups, GPUs vs ARCH, ROCm vs the lock line."""
     from .doctor import format_check, run_doctor
 
     line = lockmod.load_lock(obj.layout.recipes_dir).line(rocm) if rocm else None
-    checks = run_doctor(arch, line, line_name=rocm)
+    checks = run_doctor(arch, line, line_name=rocm, engine=engine_name)
     for check in checks:
         click.echo(format_check(check))
     if any(check.ok is False for check in checks):
@@ -430,20 +485,30 @@ def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
 
 def driver_for(driver: str, plan: Plan, layout: Layout):
     if driver == "local":
-        from .wheels import local_driver
+        from .build import local_driver_for
 
-        return local_driver
+        return local_driver_for(plan)
     from .container import container_driver
 
     return container_driver(plan, layout)
 
 
 def main() -> None:
+    """The one place the project's errors become messages and exit statuses: 2 bad input (usage,
+    recipe, lock, option values), 1 a failed check or step, 128 + N for signal N (130 Ctrl-C, 143
+    SIGTERM); never a traceback for any of them."""
+    from .interrupts import interruptible
+
     try:
-        cli(standalone_mode=False)
+        with interruptible():
+            cli(standalone_mode=False)
     except RocwheelsError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
+    except Interrupted as exc:
+        click.echo(f"interrupted by signal {exc.signum}: temporary files removed; run the command again to continue",
+                   err=True)
+        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

@@ -50,11 +50,12 @@ def format_check(check: Check) -> str:
     return f"{text}\n    fix: {check.fix}" if check.fix and check.ok is not True else text
 
 
-def run_doctor(arch: str | None, line: Line | None, *, line_name: str | None = None, dev: Path = DEV) -> list[Check]:
-    """Every host check; ``arch`` (an ARCH string) and ``line`` narrow what the GPU and ROCm checks expect."""
+def run_doctor(arch: str | None, line: Line | None, *, line_name: str | None = None, dev: Path = DEV, engine: str | None = None) -> list[Check]:
+    """Every host check; ``arch`` (an ARCH string) and ``line`` narrow what the GPU and ROCm checks expect,
+    ``engine`` (podman or docker) the engine checked."""
     wanted = tuple(t.processor for t in parse_targets(arch)) if arch else ()
     return [
-        engine_check(),
+        engine_check(engine),
         device_check(dev / "kfd"),
         render_nodes_check(dev / "dri"),
         groups_check(),
@@ -74,12 +75,13 @@ def installed_torch_check(search_path: Sequence[str] = tuple(sys.path)) -> Check
                  None if provider != "none" else "install a ROCm build of torch (this one runs on the CPU or CUDA only)")
 
 
-def engine_check() -> Check:
+def engine_check(only: str | None = None) -> Check:
     try:
-        engine = detect_engine()
+        engine = detect_engine(only)
     except RocwheelsError as exc:
         return Check("container engine", False, exc.message, exc.fix)
-    return Check("container engine", True, f"{engine.name} ({engine.argv_prefix[0]}) answers `info`")
+    where = f", DOCKER_HOST={os.environ['DOCKER_HOST']}" if engine.name == "docker" and os.environ.get("DOCKER_HOST") else ""
+    return Check("container engine", True, f"{engine.name} ({engine.argv_prefix[0]}{where}) answers `info`")
 
 
 def device_check(kfd: Path) -> Check:

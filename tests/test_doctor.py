@@ -51,7 +51,8 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
 @pytest.fixture
 def no_gpu_here() -> None:
     if Path("/dev/kfd").exists():
-        pytest.fail("these tests describe a host without an AMD GPU, but /dev/kfd exists here")
+        # A GPU host (a team's self-hosted ROCm runner) is no failure: device_check's own test covers it.
+        pytest.skip("describes a host without an AMD GPU; /dev/kfd exists here")
 
 
 @pytest.fixture

@@ -116,7 +116,7 @@ def test_plan_cli_runs_nothing(tmp_path):
 
 def test_plan_cli_unknown_target():
     result = run_cli("plan", "--arch", "gfx9999", "--rocm", "debian12")
-    assert result.returncode == 1
+    assert result.returncode == 2  # bad input
     assert "unknown GPU target 'gfx9999'" in result.stderr and "gfx942" in result.stderr
     assert "Traceback" not in result.stderr
 

