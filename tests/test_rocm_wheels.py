@@ -181,7 +181,7 @@ def test_constraints_of_a_wheels_line_pin_its_rocm_packages(tmp_path, platform_w
     wheelhouse = tmp_path / "wheelhouse"
     platform_wheel(wheelhouse, "rocm_canary", {"rocm_canary/__init__.py": b""}, version="0.1.0+rocm10.0")
     line = load_lock(write_recipes(tmp_path / "recipes", wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
-    (constraints,) = write_constraints(wheelhouse, hashes=False, rocm_pins={line.local_version: constraint_pins(line)})
+    (constraints,) = write_constraints(wheelhouse, rocm_pins={line.local_version: constraint_pins(line)})
     assert constraints.read_text().splitlines()[1:] == [
         "rocm-canary==0.1.0+rocm10.0", "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", f"rocm=={VERSION}"]
 
