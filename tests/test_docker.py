@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TRIXIE_BASE
+from conftest import REPO
 from packaging.utils import parse_wheel_filename
 
 from pipeline.analyze import analyze_wheel
