@@ -21,9 +21,9 @@ REPOSITORY ?=
 # hipcc would pick an installed nvcc without it.
 export HIP_PLATFORM := amd
 # Debian packages the real builds and tests use: the HIP compiler, podman and a Docker engine for
-# containers, a container registry on loopback for the `lock pin` tests, and Redis for the shared
-# compiler cache tests.
-SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server
+# containers, a container registry on loopback for the `lock pin` tests, Redis for the shared
+# compiler cache tests, and musl-gcc for the loader tests.
+SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip
 
 .PHONY: venv system-deps test wheels ci-matrix publish demo bench lock-check clean
 

@@ -23,7 +23,8 @@ from .errors import RocwheelsError
 from .layout import Layout, fresh_dir
 from .log import recipe_logger
 from .plan import Plan, Step
-from .sources import prepare_source
+from .rocm_wheels import rocm_sdk_env
+from .sources import fetch_build_wheels, prepare_source
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] 
     source = prepare_source(step.recipe, layout.recipes_dir, work / "src", log_file=log_file, logger=logger)
     venv = _build_venv(step, layout, work / "venv", log_file, logger)
     env = {**step.env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if step.rocm_wheels:
+        env = {**env, **rocm_sdk_env(venv / "bin" / "rocm-sdk", env["PATH"], log_file=log_file)}
 
     server = SccacheServer(cache, work / "sccache", base_dir=layout.work_dir) if cache else None
     note = ""
@@ -108,6 +111,13 @@ def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: 
     if step.constraints:
         # The line's locked build environment, every file hash-checked; what follows is satisfied by it.
         run([*pip, "--require-hashes", "--no-deps", "-r", step.constraints], log_file=log_file, logger=logger)
+    build_wheels = fetch_build_wheels(step.recipe, layout.recipes_dir, logger)
+    if build_wheels:
+        # Prebuilt wheels the package is built against (hash-checked when fetched). No bytecode:
+        # a throwaway venv, and torch's thousands of modules would take minutes to compile.
+        run([*pip, "--no-compile", *build_wheels], log_file=log_file, logger=logger)
+    if step.rocm_wheels:
+        run([*pip, "--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build], log_file=log_file, logger=logger)
     pins = [f"{name}=={version}" for name, version in step.dependencies]
     links = ["--find-links", layout.wheelhouse] if pins else []
     run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)

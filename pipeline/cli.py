@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 
 from . import lock as lockmod
-from .errors import RocwheelsError
+from .errors import InputError, Interrupted, RocwheelsError
 from .constraints import check_constraints, compile_constraints
 from .layout import Layout
+from .locking import wheelhouse_lock
 from .log import setup_logging
 from .plan import (
     Plan,
@@ -24,7 +25,7 @@ from .plan import (
     wheel_origin,
     wheel_version,
 )
-from .recipes import load_recipes
+from .recipes import LOCK_FILE, load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -166,11 +167,12 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
     from .wheels import make_wheels, summary_table
 
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
-    if from_index and not force:
-        from .ci import fetch_from_index
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        if from_index and not force:
+            from .ci import fetch_from_index
 
-        fetch_from_index(plan, obj.layout, from_index)
-    outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
+            fetch_from_index(plan, obj.layout, from_index)
+        outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
         raise RocwheelsError("some recipes failed; their logs are in " + str(obj.layout.logs))
@@ -186,25 +188,34 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
 @click.option("--rpath", multiple=True, help="extra RPATH entry to keep (repeatable)")
 @click.option("--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)")
 @click.option("--requires-pin", multiple=True, help="exact requirement METADATA must carry, e.g. 'torch==2.14.1+rocm7.2' (repeatable)")
+@click.option("--rocm-provider", type=click.Choice(["system", "wheels"]), default=None,
+              help="wheels: ROCm from pip packages (TheRock), reached by $ORIGIN RPATHs (default: the lock line's)")
 @click.pass_obj
 def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | None, rocm: str | None, rocm_lib_dir: str | None,
                    exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None,
-                   requires_pin: tuple[str, ...]) -> None:
+                   requires_pin: tuple[str, ...], rocm_provider: str | None) -> None:
     """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
 
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
     the options given (inside the builder container only the options apply).
     """
-    from .repair import RepairSettings, repair_wheel
+    from dataclasses import replace
 
-    for wheel in _wheel_paths(wheels):
-        recipe, line = wheel_origin(obj.layout, wheel, rocm)
-        settings = RepairSettings.for_recipe(recipe, line).extended(
-            excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
-            rocm_lib_dir=rocm_lib_dir, plat=plat,
-        )
-        repaired = repair_wheel(wheel, (wheel_dir or obj.layout.wheelhouse).resolve(), settings)
-        click.echo(str(repaired))
+    from .repair import RepairSettings, repair_wheel
+    from .rocm_wheels import package_links
+
+    output = (wheel_dir or obj.layout.wheelhouse).resolve()
+    with wheelhouse_lock(output):
+        for wheel in _wheel_paths(wheels):
+            recipe, line = wheel_origin(obj.layout, wheel, rocm)
+            settings = RepairSettings.for_recipe(recipe, line).extended(
+                excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
+                rocm_lib_dir=rocm_lib_dir, plat=plat,
+            )
+            if rocm_provider == "wheels":
+                links = tuple(dict.fromkeys((*settings.link_packages, *package_links())))
+                settings = replace(settings, rocm_lib_dir=None, link_packages=links)
+            click.echo(str(repair_wheel(wheel, output, settings)))
 
 
 @cli.command("verify")
@@ -227,7 +238,10 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
         verify_wheel,
     )
 
-    targets = tuple(t.processor for t in parse_targets(arch)) if arch else None
+    # --arch "" is a mistake, not "no target check": only a missing --arch skips the check.
+    targets = tuple(t.processor for t in parse_targets(arch)) if arch is not None else None
+    # The smoke test's venv is made in the work folder, which a fresh clone does not have yet.
+    obj.layout.work_dir.mkdir(parents=True, exist_ok=True)
     reports = []
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
@@ -250,13 +264,12 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
     from rich.console import Console
 
-    from .analyze import TargetLayout
-    from .inspection import inspect_wheel, render
+    from .inspection import either_provider, inspect_wheel, render
 
     # Piped output keeps whole library names rather than folding them at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     for wheel in _wheel_paths(wheels):
-        render(inspect_wheel(wheel, TargetLayout(rocm_lib_dir=rocm_lib_dir)), console)
+        render(inspect_wheel(wheel, either_provider(rocm_lib_dir)), console)
 
 
 @cli.command("publish")
@@ -271,7 +284,8 @@ def publish_command(obj: Context, repository: str, simple_url: str | None, confi
     """Upload the wheelhouse's wheels with twine; files already there (same sha256) are skipped."""
     from .publish import publish
 
-    result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
     click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there")
 
 
@@ -281,18 +295,43 @@ def index_group() -> None:
 
 
 @index_group.command("build")
-@click.option("--hashes/--no-hashes", default=True, show_default=True,
-              help="sha256 per wheel in constraints-<line>.txt (pip then checks hashes for the whole install)")
 @click.pass_obj
-def index_build(obj: Context, hashes: bool) -> None:
-    """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
-    from .index import build_static_index, wheels_by_label, write_constraints
+def index_build(obj: Context) -> None:
+    """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
+    requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
+    from .index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
+    from .rocm_wheels import constraint_pins
 
-    lines = wheels_by_label(obj.layout.wheelhouse, label_aliases(obj.layout))
-    for root in build_static_index(obj.layout.wheelhouse, lines):
-        click.echo(f"index: {root}/")
-    for path in write_constraints(obj.layout.wheelhouse, lines, hashes=hashes):
-        click.echo(f"constraints: {path}")
+    aliases = label_aliases(obj.layout)
+    if not obj.layout.wheelhouse.is_dir():
+        raise InputError(f"no wheelhouse at {obj.layout.wheelhouse}",
+                         fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse")
+    lock_lines = lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values() if (obj.layout.recipes_dir / LOCK_FILE).is_file() else ()
+    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
+    with wheelhouse_lock(obj.layout.wheelhouse):
+        lines = wheels_by_label(obj.layout.wheelhouse, aliases)
+        check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
+        for root in build_static_index(obj.layout.wheelhouse, lines):
+            click.echo(f"index: {root}/")
+        for path in write_constraints(obj.layout.wheelhouse, lines, rocm_pins=rocm_pins):
+            click.echo(f"constraints: {path}")
+        for path in write_requirements(obj.layout.wheelhouse, lines):
+            click.echo(f"requirements: {path}")
+
+
+@index_group.command("mirror")
+@click.option("--rocm", "line_name", required=True, help="a lock line with rocm_provider = \"wheels\"")
+@click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True,
+              help="the folder the private index serves (rocwheels serve --packages)")
+@click.option("--with-build", is_flag=True, help="also the builder's packages (the devel extra), for builders without internet")
+@click.pass_obj
+def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool) -> None:
+    """Copy a `wheels` line's ROCm wheels from AMD's index into the private index."""
+    from .rocm_wheels import mirror
+
+    line = lockmod.load_lock(obj.layout.recipes_dir).line(line_name)
+    for wheel in mirror(line_name, line, packages, with_build=with_build):
+        click.echo(f"mirrored: {wheel}")
 
 
 @index_group.command("add-user")
@@ -310,7 +349,7 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 @click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True)
 @click.option("--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
-@click.option("--port", type=int, default=8080, show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
     """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login."""
     from .serve import serve
@@ -455,11 +494,21 @@ def driver_for(driver: str, plan: Plan, layout: Layout):
 
 
 def main() -> None:
+    """The one place the project's errors become messages and exit statuses: 2 bad input (usage,
+    recipe, lock, option values), 1 a failed check or step, 128 + N for signal N (130 Ctrl-C, 143
+    SIGTERM); never a traceback for any of them."""
+    from .interrupts import interruptible
+
     try:
-        cli(standalone_mode=False)
+        with interruptible():
+            cli(standalone_mode=False)
     except RocwheelsError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
+    except Interrupted as exc:
+        click.echo(f"interrupted by signal {exc.signum}: temporary files removed; run the command again to continue",
+                   err=True)
+        sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

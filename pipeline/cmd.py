@@ -19,7 +19,7 @@ from .errors import CommandError
 
 log = logging.getLogger("rocwheels")
 
-# How many trailing output lines a failure message quotes when the full output went to a log file.
+# How many trailing output lines a failure message quotes (the whole output is in the log file, if any).
 _TAIL_LINES = 40
 
 
@@ -63,7 +63,7 @@ def run(
         returncode = proc.returncode
     else:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        last_lines: deque[str] = deque(maxlen=_TAIL_LINES)
         with log_file.open("a", encoding="utf-8") as sink:
             sink.write(f"+ {shown}\n")
             sink.flush()
@@ -72,23 +72,44 @@ def run(
                 stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             )
-            if input is not None:
-                assert proc.stdin is not None
-                proc.stdin.write(input)
-                proc.stdin.close()
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                line = _mask(line, redact)
-                sink.write(line)
-                tail.append(line)
-                if on_output is not None:
-                    on_output(line)
-            returncode = proc.wait()
+            try:
+                if input is not None:
+                    assert proc.stdin is not None
+                    proc.stdin.write(input)
+                    proc.stdin.close()
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    line = _mask(line, redact)
+                    sink.write(line)
+                    last_lines.append(line)
+                    if on_output is not None:
+                        on_output(line)
+                returncode = proc.wait()
+            except BaseException:
+                # Interrupted (SIGTERM reaches only rocwheels): the command must not go on writing.
+                _stop(proc)
+                raise
             sink.write(f"# exit code {returncode}\n")
-        output = "".join(tail)
+        output = "".join(last_lines)
     if check and returncode != 0:
-        raise CommandError(shown, returncode, log_file, output)
+        raise CommandError(shown, returncode, log_file, tail(output))
     return Result(returncode, output)
+
+
+def tail(output: str, lines: int = _TAIL_LINES) -> str:
+    """The last ``lines`` lines of a command's output: what a failure message quotes, so the user
+    sees why a tool failed even when its output was captured rather than shown."""
+    return "".join(output.splitlines(keepends=True)[-lines:])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM first, so a Python tool (auditwheel) can remove its temporary files; SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _mask(text: str, secrets: Sequence[str]) -> str:

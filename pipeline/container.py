@@ -113,6 +113,8 @@ def builder_image(line_name: str, line: Line, engine: Engine, *, recipes_dir: Pa
         # All the line's targets, not one run's: a new ARCH must not rebuild the image (each
         # recipe passes its own targets into the container).
         rocm_path=line.rocm_path, rocm_archs=line.targets, log_file=log_file,
+        rocm_wheels=line.rocm_wheels.build if line.rocm_wheels else (),
+        rocm_wheels_index_url=line.rocm_wheels.index_url if line.rocm_wheels else "",
     )
 
 

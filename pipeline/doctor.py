@@ -11,6 +11,8 @@ import grp
 import os
 import re
 import shutil
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from .engine import Engine, _last_line, detect_engine
 from .errors import RocwheelsError
 from .host import host_rocm_version
 from .lock import Line
+from .rocm_wheels import torch_provider
 from .targets import parse_targets
 
 DEV = Path("/dev")
@@ -58,7 +61,18 @@ def run_doctor(arch: str | None, line: Line | None, *, line_name: str | None = N
         groups_check(),
         gpu_targets_check(wanted),
         host_rocm_check(line, line_name),
+        installed_torch_check(),
     ]
+
+
+def installed_torch_check(search_path: Sequence[str] = tuple(sys.path)) -> Check:
+    """Whether the torch of this Python takes ROCm from the machine or from ROCm wheels (TheRock)."""
+    found = torch_provider(search_path)
+    if found is None:
+        return Check("installed torch", None, "no torch in this Python environment")
+    provider, detail = found
+    return Check("installed torch", provider != "none", f"ROCm provider: {provider}: {detail}",
+                 None if provider != "none" else "install a ROCm build of torch (this one runs on the CPU or CUDA only)")
 
 
 def engine_check(only: str | None = None) -> Check:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 
 class RocwheelsError(Exception):
-    """A failure explained for the user: what went wrong and, where known, how to fix it."""
+    """A failure explained for the user: what went wrong and, where known, how to fix it.
+
+    The command line prints it without a traceback and exits with ``exit_code``: 1, a check
+    failed or a step could not be done.
+    """
+
+    exit_code = 1
 
     def __init__(self, message: str, *, fix: str | None = None) -> None:
         super().__init__(message)
@@ -17,7 +23,13 @@ class RocwheelsError(Exception):
         return f"{self.message}\n  fix: {self.fix}" if self.fix else self.message
 
 
-class ConfigError(RocwheelsError):
+class InputError(RocwheelsError):
+    """The user's input is wrong (a file, an option, a value): exit status 2, as for a usage error."""
+
+    exit_code = 2
+
+
+class ConfigError(InputError):
     """A recipe or lock value is wrong: names the file and the field."""
 
     def __init__(self, file: Path | str, field: str, message: str, *, fix: str | None = None) -> None:
@@ -37,3 +49,16 @@ class CommandError(RocwheelsError):
         self.command = command
         self.returncode = returncode
         self.output = output
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived: unwinds like KeyboardInterrupt (every ``finally`` cleans up), and
+    ``except Exception`` never swallows it. Exit status 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

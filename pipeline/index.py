@@ -7,12 +7,13 @@ another, so each line gets its own index tree (``simple/rocm6.2/``) and its own 
 from __future__ import annotations
 
 import html
+from html.parser import HTMLParser
 import logging
 import os
 import shutil
 import tempfile
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -21,14 +22,15 @@ from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_fi
 from packaging.version import Version
 
 from .errors import RocwheelsError
+from .locking import GENERATION_PREFIX, INDEX_LINK, PARTIAL_SUFFIX
+from .provenance import Provenance, record_path
 from .sources import file_sha256
+from .wheelfile import check_wheel
 
 log = logging.getLogger("rocwheels")
 
-# `simple` is a symlink to the newest complete generation, swapped in one rename: a web server
-# serving the wheelhouse sees the old index or the new one, never a half-written tree.
-INDEX_LINK = "simple"
-_GENERATION_PREFIX = ".simple-"
+# `simple` (INDEX_LINK) is a symlink to the newest complete generation, swapped in one rename: a
+# web server serving the wheelhouse sees the old index or the new one, never a half-written tree.
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,12 @@ class WheelFile:
 
 
 def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:
-    """The wheels lying directly in ``wheelhouse`` (the verified ones), hashed, sorted by file name."""
+    """The wheels lying directly in ``wheelhouse`` (the verified ones), hashed, sorted by file name.
+
+    Each must be a well-formed wheel (a text file named ``*.whl`` is not offered to installers),
+    and one with a provenance record must still be the file verify accepted: what is indexed,
+    pinned or uploaded is exactly the verified bytes.
+    """
     wheels = []
     for path in sorted(wheelhouse.glob("*.whl")):
         try:
@@ -55,8 +62,21 @@ def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:
             raise RocwheelsError(
                 f"{path}: not a valid wheel file name ({exc})",
                 fix="remove or rename the file; only verified wheels belong in the wheelhouse") from None
-        wheels.append(WheelFile(path, project, version, file_sha256(path)))
+        # Member hashes were checked by verify; the sha256 against the record below covers every byte since.
+        check_wheel(path, verify_hashes=False)
+        wheel = WheelFile(path, project, version, file_sha256(path))
+        _check_provenance(wheel)
+        wheels.append(wheel)
     return tuple(wheels)
+
+
+def _check_provenance(wheel: WheelFile) -> None:
+    record = record_path(wheel.path)
+    if record.is_file() and Provenance.read(record).sha256 != wheel.sha256:
+        raise RocwheelsError(
+            f"{wheel.path}: its sha256 {wheel.sha256} is not the one verify accepted ({record.name}): "
+            "the file changed after it was verified",
+            fix=f"remove {wheel.path.name} and {record.name} and build it again (rocwheels wheels ... --force)")
 
 
 def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) -> dict[str, tuple[WheelFile, ...]]:
@@ -97,16 +117,21 @@ def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
     if link.exists() and not link.is_symlink():
         raise RocwheelsError(f"{link} is a real folder; rocwheels keeps it as a link to the newest index",
                              fix=f"remove {link} (rocwheels rebuilds it) and run the index build again")
-    generation = Path(tempfile.mkdtemp(prefix=_GENERATION_PREFIX, dir=wheelhouse))
-    for label, wheels in lines.items():
-        _write_line(generation / label, wheels)
-    generation.chmod(0o755)  # mkdtemp makes it 0700; a web server running as another user must read it
-    # Only a generation this function made is deleted, never whatever else a link might point at.
-    previous = link.resolve() if link.is_symlink() else None
+    generation = Path(tempfile.mkdtemp(prefix=GENERATION_PREFIX, dir=wheelhouse))
     pending_link = wheelhouse / f"{generation.name}.link"
-    pending_link.symlink_to(generation.name)
-    os.replace(pending_link, link)
-    if previous and previous.parent == wheelhouse.resolve() and previous.name.startswith(_GENERATION_PREFIX):
+    try:
+        for label, wheels in lines.items():
+            _write_line(generation / label, wheels)
+        generation.chmod(0o755)  # mkdtemp makes it 0700; a web server running as another user must read it
+        # Only a generation this function made is deleted, never whatever else a link might point at.
+        previous = link.resolve() if link.is_symlink() else None
+        pending_link.symlink_to(generation.name)
+        os.replace(pending_link, link)
+    except BaseException:
+        pending_link.unlink(missing_ok=True)
+        shutil.rmtree(generation, ignore_errors=True)
+        raise
+    if previous and previous.parent == wheelhouse.resolve() and previous.name.startswith(GENERATION_PREFIX):
         shutil.rmtree(previous, ignore_errors=True)
     for label, wheels in lines.items():
         log.info("index %s: %d projects, %d files -> %s/", label, len({w.project for w in wheels}), len(wheels),
@@ -144,37 +169,89 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: bool = True) -> tuple[Path, ...]:
+def write_constraints(wheelhouse: Path, lines: Lines | None = None, *,
+                      rocm_pins: Mapping[str, tuple[str, ...]] | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
-    With ``hashes`` every pin also lists the sha256 of each of its wheel files, so pip (26.x
-    verified) takes only these exact files. Any hash switches pip into hash-checking mode for the
-    whole install, though: a dependency fetched from elsewhere without a hash is then refused.
-    ``hashes=False`` writes pins only, which still keep a higher version from another index out.
+    Pins only, no hashes: every pip takes them (pip before 26.1 refuses a constraints file with
+    hashes), and exact pins keep a higher version or a non-ROCm build from another index out.
+    ``rocm_pins`` (label -> pins) add a ``wheels`` line's ROCm packages, which come from AMD's index
+    (or a mirror) and are pinned by version only.
     """
+    return _write_pin_files(wheelhouse, lines, _constraints_name, hashes=False, rocm_pins=rocm_pins or {})
+
+
+def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
+    """Write ``wheelhouse/requirements-<label>.txt`` per ROCm line: the same pins, each with the
+    sha256 of every one of its wheel files, for ``pip install --require-hashes -r`` (any pip):
+    only these exact files install, not another file published elsewhere under the same version.
+    """
+    return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True, rocm_pins={})
+
+
+def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[[str], str], *, hashes: bool,
+                     rocm_pins: Mapping[str, tuple[str, ...]]) -> tuple[Path, ...]:
     written = []
-    for label, wheels in (lines if lines is not None else wheels_by_label(wheelhouse)).items():
+    lines = lines if lines is not None else wheels_by_label(wheelhouse)
+    check_pinnable(lines)
+    for label, wheels in lines.items():
         pins = _by_project(wheels)
-        text = [f"# {label} wheels built by rocwheels; use: pip install -c {_constraints_name(label)} ..."]
+        use = (f"pip install --require-hashes --no-deps -r {file_name(label)}" if hashes
+               else f"pip install -c {file_name(label)} ...")
+        text = [f"# {label} wheels built by rocwheels; use: {use}"]
         for project, files in sorted(pins.items()):
+            pin = f"{project}=={files[0].version}"
+            if hashes:
+                pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
+            text.append(pin)
+        if rocm_pins.get(label):
+            text += ["# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", *rocm_pins[label]]
+        path = wheelhouse / file_name(label)
+        pending = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+        try:
+            pending.write_text("\n".join(text) + "\n", encoding="utf-8")
+            os.replace(pending, path)
+        except BaseException:
+            pending.unlink(missing_ok=True)
+            raise
+        log.info("%s: %d pins -> %s", path.name, len(pins), path)
+        written.append(path)
+    return tuple(written)
+
+
+def check_pinnable(lines: Lines) -> None:
+    """Each project has one version per line (a constraints file pins one): checked before anything is written."""
+    for label, wheels in lines.items():
+        for project, files in sorted(_by_project(wheels).items()):
             versions = sorted({str(w.version) for w in files})
             if len(versions) > 1:
                 names = ", ".join(w.path.name for w in files)
                 raise RocwheelsError(f"{project} has {len(versions)} versions in the {label} line ({names}); "
                                      "a constraints file can pin only one",
                                      fix="remove the wheels of the versions you do not want from the wheelhouse")
-            pin = f"{project}=={versions[0]}"
-            if hashes:
-                pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
-            text.append(pin)
-        path = wheelhouse / _constraints_name(label)
-        pending = path.with_name(f".{path.name}.tmp")
-        pending.write_text("\n".join(text) + "\n", encoding="utf-8")
-        os.replace(pending, path)
-        log.info("constraints %s: %d pins -> %s", label, len(pins), path)
-        written.append(path)
-    return tuple(written)
 
 
 def _constraints_name(label: str) -> str:
     return f"constraints-{label}.txt"
+
+
+def _requirements_name(label: str) -> str:
+    return f"requirements-{label}.txt"
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.hrefs.append(href)
+
+
+def page_links(page: str) -> list[str]:
+    """The ``<a href>`` targets of a PEP 503 project page, in order."""
+    anchors = _Anchors()
+    anchors.feed(page)
+    return anchors.hrefs

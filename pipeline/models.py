@@ -28,6 +28,12 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(path, "", "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(path, "", "is a folder, not a TOML file", fix=f"remove or rename the folder {path.name}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(path, "", f"not UTF-8 text (byte {exc.start}: {exc.reason})", fix="save the file as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(path, "", f"cannot be read: {exc.strerror}", fix="check the file's permissions") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(path, "", f"not valid TOML: {exc}", fix="fix the TOML syntax at the line shown") from None
 

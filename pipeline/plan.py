@@ -42,6 +42,8 @@ class Step:
     dependencies: tuple[tuple[str, str], ...] = ()
     # The line's build-environment lock (recipes/constraints/<line>.txt), installed hash-checked first.
     constraints: Path | None = None
+    # A `wheels` line's ROCm (TheRock pip packages), installed into the build environment first.
+    rocm_wheels: lockmod.RocmWheels | None = None
 
     @property
     def name(self) -> str:
@@ -161,7 +163,7 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
     }
     pre = tuple(command.format_map(values) for command in recipe.build.pre)
     args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
-    return Step(recipe, version, env, pre, args, dependencies, constraints)
+    return Step(recipe, version, env, pre, args, dependencies, constraints, line.rocm_wheels)
 
 
 def describe(plan: Plan) -> str:
@@ -199,6 +201,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "local_version": plan.line.local_version,
         "builder_image": plan.line.builder_image,
         "platform": plan.line.platform,
+        "rocm_provider": plan.line.rocm_provider,
+        **({"rocm_wheels": plan.line.rocm_wheels.model_dump()} if plan.line.rocm_wheels else {}),
         "driver": plan.driver,
         "targets": [str(target) for target in plan.targets],
         "python": list(plan.line.python) if plan.driver == "container" else [f"{sys.version_info.major}.{sys.version_info.minor}"],
@@ -292,8 +296,10 @@ def label_aliases(layout: Layout) -> dict[str, str]:
     if not (layout.recipes_dir / LOCK_FILE).is_file():
         return {}
     recipes = load_recipes(layout.recipes_dir)
+    lock_file = lockmod.load_lock(layout.recipes_dir)
+    lockmod.check_lock(lock_file, recipes)  # a pin without its recipe is explained, not a KeyError
     aliases = {}
-    for line_name, line in lockmod.load_lock(layout.recipes_dir).lock.lines.items():
+    for line_name, line in lock_file.lock.lines.items():
         for name in line.versions:
             label = wheel_version(at_line(recipes[name], line_name, line, layout.recipes_dir), line).split("+", 1)[1]
             if label != line.local_version:

@@ -106,10 +106,16 @@ def write_record(wheel: Path, fingerprint: str, inputs: dict[str, Any], toolchai
     """Write ``<wheel>.provenance.json`` beside the wheel, all at once."""
     record = Provenance(wheel.name, file_sha256(wheel), wheel.stat().st_size, fingerprint, inputs, toolchain)
     target = record_path(wheel)
-    with tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", delete=False, encoding="utf-8") as partial:
-        json.dump(asdict(record), partial, indent=2, sort_keys=True)
-    os.chmod(partial.name, 0o644)
-    os.replace(partial.name, target)
+    partial = tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", suffix=".partial",
+                                          delete=False, encoding="utf-8")
+    try:
+        with partial:
+            json.dump(asdict(record), partial, indent=2, sort_keys=True)
+        os.chmod(partial.name, 0o644)
+        os.replace(partial.name, target)
+    except BaseException:
+        Path(partial.name).unlink(missing_ok=True)
+        raise
     return target
 
 

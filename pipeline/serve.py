@@ -7,7 +7,10 @@ logged as ``+ command`` first.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import re
 import shlex
 import signal
 import socket
@@ -23,7 +26,7 @@ from urllib.request import urlopen
 
 from passlib.apache import HtpasswdFile
 
-from .errors import RocwheelsError
+from .errors import InputError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
 
@@ -32,6 +35,7 @@ log = logging.getLogger("rocwheels")
 _HTPASSWD_SCHEME = "sha256_crypt"
 _STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL
 _WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+_USERNAME = re.compile(r"[A-Za-z0-9._@+-]+")
 
 
 @dataclass(frozen=True)
@@ -42,16 +46,40 @@ class RunningIndex:
 
 
 def add_htpasswd_user(htpasswd: Path, username: str, password: str) -> None:
-    """Create ``htpasswd`` if needed and set ``username``'s password in it (readable by its owner only)."""
-    htpasswd.parent.mkdir(parents=True, exist_ok=True)
+    """Create ``htpasswd`` if needed and set ``username``'s password in it (readable by its owner only).
+
+    Everything is checked before the file is touched: a refused name never leaves an empty file
+    that ``serve`` would then start with.
+    """
+    if not _USERNAME.fullmatch(username):
+        raise InputError(f"user name {username!r} cannot be stored in an htpasswd file",
+                         fix="use letters, digits and . _ @ + - only (no ':' or spaces)")
+    if not password:
+        raise InputError("the password is empty", fix="give a password (or set ROCWHEELS_INDEX_PASSWORD)")
     new = not htpasswd.exists()
-    if new:
-        htpasswd.touch(mode=0o600)  # private from the first byte written
-    users = HtpasswdFile(str(htpasswd), new=new, default_scheme=_HTPASSWD_SCHEME)
+    users = _load_htpasswd(htpasswd) if not new else HtpasswdFile(new=True, default_scheme=_HTPASSWD_SCHEME)
     users.set_password(username, password)
-    users.save()
-    htpasswd.chmod(0o600)
+    htpasswd.parent.mkdir(parents=True, exist_ok=True)
+    pending = htpasswd.with_name(f".{htpasswd.name}.partial")
+    try:
+        # Private from the first byte written, then one rename: a reader sees the old file or the new one.
+        descriptor = os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as stream:
+            stream.write(users.to_string())
+        os.replace(pending, htpasswd)
+    except BaseException:
+        pending.unlink(missing_ok=True)
+        raise
     log.info("%s: password set for %s", htpasswd, username)
+
+
+def _load_htpasswd(htpasswd: Path) -> HtpasswdFile:
+    try:
+        users = HtpasswdFile(str(htpasswd), default_scheme=_HTPASSWD_SCHEME)
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise InputError(f"{htpasswd} is not a readable htpasswd file ({exc})",
+                         fix=f"remove it and create the users again: rocwheels index add-user NAME --htpasswd {htpasswd}") from None
+    return users
 
 
 def serve(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 8080,
@@ -85,11 +113,16 @@ def running_pypiserver(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1
     server's output goes to ``log_file`` (the terminal when None).
     """
     if not htpasswd.is_file():
-        raise RocwheelsError(f"no htpasswd file at {htpasswd}: pypiserver would accept no upload",
-                             fix=f"create a user first: rocwheels index add-user NAME --htpasswd {htpasswd}")
-    packages.mkdir(parents=True, exist_ok=True)
+        raise InputError(f"no htpasswd file at {htpasswd}: pypiserver would accept no upload",
+                         fix=f"create a user first: rocwheels index add-user NAME --htpasswd {htpasswd}")
+    if not _load_htpasswd(htpasswd).users():
+        raise InputError(f"{htpasswd} holds no user: pypiserver would accept no upload",
+                         fix=f"create a user: rocwheels index add-user NAME --htpasswd {htpasswd}")
+    if packages.exists() and not packages.is_dir():
+        raise InputError(f"--packages {packages} is a file, not a folder", fix="give the folder the index serves")
     probe_host = _WILDCARD_HOSTS.get(host, host)
-    port = port or _free_port(probe_host)
+    port = _bindable_port(host, probe_host, port)
+    packages.mkdir(parents=True, exist_ok=True)
     url = f"http://{_url_host(probe_host)}:{port}/"
     argv = [sys.executable, "-m", "pypiserver", "run", "--host", host, "--port", str(port),
             "--passwords", str(htpasswd), "--authenticate", "update", "--disable-fallback",
@@ -109,10 +142,28 @@ def running_pypiserver(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1
             sink.close()
 
 
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+def _bindable_port(host: str, probe_host: str, port: int) -> int:
+    """``port`` (0: a free one) after checking that ``host`` resolves and the port is free there.
+
+    pypiserver answers these mistakes with a traceback; checked here they get a plain message.
+    """
+    try:
+        family = socket.getaddrinfo(probe_host, port or None, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InputError(f"--host {host!r} does not resolve to an address of this machine ({exc})",
+                         fix="use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or this machine's name") from None
+    except OverflowError:
+        raise InputError(f"--port {port} is not a port number", fix="use 1 to 65535") from None
     with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
+        try:
+            probe.bind((probe_host if host not in _WILDCARD_HOSTS else host or "0.0.0.0", port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise RocwheelsError(f"port {port} on {host} is already in use",
+                                     fix="stop the program using it, or choose another --port") from None
+            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}",
+                             fix="use an address of this machine (127.0.0.1, 0.0.0.0) and a port you may open "
+                                 "(1024 and up without root)") from None
         return probe.getsockname()[1]
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import http.client
 import logging
 import os
 import shutil
 import tarfile
 import tempfile
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -52,25 +54,41 @@ def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: P
     return root
 
 
-def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter) -> Path:
-    """Download once into the cache, keyed by the expected hash; a mismatch deletes the file."""
-    target = cache_dir() / "sources" / f"{sha256}-{Path(url).name}"
+def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.LoggerAdapter) -> list[Path]:
+    """The recipe's build wheels, downloaded once into the cache and hash-checked, under their own file names."""
+    return [
+        _download(wheel.url, wheel.sha256, recipe_path(recipes_dir, recipe.name), f"build.wheels[{index}].sha256", logger,
+                  target=cache_dir() / "wheels" / wheel.sha256 / wheel.filename)
+        for index, wheel in enumerate(recipe.build.wheels)
+    ]
+
+
+def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter, *, target: Path | None = None) -> Path:
+    """Download once into the cache, keyed by the expected hash; a mismatch deletes the file.
+
+    The download is written under a temporary name and renamed only once its hash matches; an
+    error or an interruption removes it, so the cache holds complete, checked files only.
+    """
+    target = target or cache_dir() / "sources" / f"{sha256}-{Path(urllib.parse.urlsplit(url).path).name}"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s", url)
-    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as partial:
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response:
-                shutil.copyfileobj(response, partial)
-        except OSError as exc:
-            os.unlink(partial.name)
-            raise RocwheelsError(f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache") from None
-    digest = file_sha256(Path(partial.name))
-    if digest != sha256:
-        os.unlink(partial.name)
-        raise ConfigError(recipe_file, field, f"{url} has sha256 {digest}, the recipe expects {sha256}", fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed")
-    os.replace(partial.name, target)
+    partial = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False)
+    try:
+        with partial:
+            try:
+                with urllib.request.urlopen(url, timeout=60) as response:
+                    shutil.copyfileobj(response, partial)
+            except (OSError, ValueError, http.client.HTTPException) as exc:
+                raise RocwheelsError(f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache") from None
+        digest = file_sha256(Path(partial.name))
+        if digest != sha256:
+            raise ConfigError(recipe_file, field, f"{url} has sha256 {digest}, the recipe expects {sha256}", fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed")
+        os.replace(partial.name, target)
+    except BaseException:
+        Path(partial.name).unlink(missing_ok=True)
+        raise
     return target
 
 

@@ -16,7 +16,7 @@ from importlib import resources
 
 import tomllib
 
-from .errors import RocwheelsError
+from .errors import InputError
 
 _TARGET_ID = re.compile(r"^(gfx[0-9a-f]+(?:-[0-9]+)*(?:-generic)?)((?::(?:sramecc|xnack)[+-])*)$")
 
@@ -64,7 +64,7 @@ def parse_targets(arch: str) -> tuple[GpuTarget, ...]:
     for word in filter(None, re.split(r"[;,\s]+", arch.strip())):
         match = _TARGET_ID.match(word)
         if not match or match.group(1) not in known_processors():
-            raise RocwheelsError(
+            raise InputError(
                 f"unknown GPU target {word!r} in ARCH={arch!r}",
                 fix=f"use AMD processor names such as gfx90a or gfx942; known: {', '.join(known_processors())}",
             )
@@ -72,7 +72,7 @@ def parse_targets(arch: str) -> tuple[GpuTarget, ...]:
         if target not in parsed:
             parsed.append(target)
     if not parsed:
-        raise RocwheelsError("no GPU target given", fix="set ARCH, for example ARCH=gfx942 or ARCH='gfx90a;gfx942'")
+        raise InputError("no GPU target given", fix="set ARCH, for example ARCH=gfx942 or ARCH='gfx90a;gfx942'")
     return tuple(parsed)
 
 
@@ -80,7 +80,7 @@ def check_supported(targets: Iterable[GpuTarget], supported: Sequence[str], *, w
     """Fail naming every target outside ``supported`` (processor names) and listing the valid ones."""
     rejected = [str(t) for t in targets if t.processor not in supported]
     if rejected:
-        raise RocwheelsError(
+        raise InputError(
             f"GPU target(s) {', '.join(rejected)} not supported by {what}",
             fix=f"choose from: {', '.join(supported)}",
         )

@@ -88,19 +88,12 @@ def _buildkit_client() -> str:
 @pytest.fixture(scope="session")
 def docker_engine(docker_host: str) -> Iterator[Engine]:
     """The docker engine as rocwheels detects it when asked for docker (``--engine docker``)."""
-    saved = {key: os.environ.get(key) for key in ("DOCKER_HOST", "PATH")}
-    os.environ["DOCKER_HOST"] = docker_host
-    os.environ["PATH"] = _buildkit_client() + os.pathsep + os.environ["PATH"]  # cibuildwheel runs `docker` from PATH
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DOCKER_HOST", docker_host)
+        env.setenv("PATH", _buildkit_client() + os.pathsep + os.environ["PATH"])  # cibuildwheel runs `docker` from PATH
         engine = detect_engine("docker")
         assert engine.name == "docker"
         yield engine
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")

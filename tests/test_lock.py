@@ -134,6 +134,6 @@ def test_shipped_lock_checks_clean():
 def test_cli_refuses_inconsistent_lock(recipes_dir):
     (recipes_dir / "lock.toml").write_text(LOCK.replace("SOURCE", "x").replace('rocm = "6.2.4"', 'rocm = "6.4.1"'))
     result = subprocess.run([sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "check"], capture_output=True, text=True)
-    assert result.returncode == 1
+    assert result.returncode == 2  # a wrong lock is bad input
     assert "Traceback" not in result.stderr
     assert "lines.rocm6.2.versions.torch" in result.stderr and "6.4.1" in result.stderr

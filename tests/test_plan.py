@@ -116,7 +116,7 @@ def test_plan_cli_runs_nothing(tmp_path):
 
 def test_plan_cli_unknown_target():
     result = run_cli("plan", "--arch", "gfx9999", "--rocm", "debian12")
-    assert result.returncode == 1
+    assert result.returncode == 2  # bad input
     assert "unknown GPU target 'gfx9999'" in result.stderr and "gfx942" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -125,7 +125,7 @@ def test_label_aliases_of_the_shipped_lock():
     from pipeline.layout import Layout
     from pipeline.plan import label_aliases
 
-    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2", "rocm72": "rocm7.2"}
+    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2", "rocm72": "rocm7.2", "rocm100": "rocm10.0"}
 
 
 def test_fallback_takes_over_for_targets_the_recipe_lacks(tmp_path):

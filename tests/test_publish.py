@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import RocwheelsError
-from pipeline.index import file_sha256
+from pipeline.errors import CommandError, RocwheelsError
+from pipeline.index import file_sha256, write_constraints
 from pipeline.publish import publish, resolve_repository
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 
@@ -150,7 +150,45 @@ def test_a_5xx_answer_to_the_upload_is_retried(tmp_path, login, make_wheel, stat
         publish(wheelhouse, url, attempts=2, backoff_seconds=0.05)
 
     assert f"upload to {url} failed: HTTPError: 501 (gave up after 2 attempts)" in str(failure.value)
-    assert _publish_log(wheelhouse).count("twine --no-color upload") == 2
+    assert _publish_log(wheelhouse).count("twine_once --no-color upload") == 2
+
+
+@pytest.mark.network
+def test_one_layer_decides_retries_one_post_per_attempt(tmp_path, login, make_wheel):
+    """twine's own five retries per file are off: two attempts send the wheel twice, not ten times."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posts = []
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            page = b"<html><body></body></html>" if self.path == "/simple/" else b""
+            self.send_response(200 if page else 404)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+
+        def do_POST(self):  # noqa: N802
+            posts.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    make_wheel(tmp_path / "wheelhouse", "rocm-canary", "0.1.0+rocm9.9")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(RocwheelsError, match="gave up after 2 attempts"):
+            publish(tmp_path / "wheelhouse", f"http://127.0.0.1:{server.server_address[1]}/", attempts=2,
+                    backoff_seconds=0.05)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(posts) == 2
 
 
 @pytest.mark.network
@@ -197,3 +235,18 @@ def test_unknown_repository_name_is_a_clear_error(tmp_path):
 def test_empty_wheelhouse_has_nothing_to_publish(tmp_path):
     with pytest.raises(RocwheelsError, match="no wheels to publish"):
         publish(tmp_path, "http://127.0.0.1:8080/")
+
+
+@pytest.mark.network
+def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(tmp_path, htpasswd, login, make_wheel, fresh_venv,
+                                                                    pip_install):
+    """pypiserver lists whatever bytes it holds: the constraints' sha256 from the wheelhouse catch a swapped file."""
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    (constraints,) = write_constraints(wheelhouse)
+    with running_pypiserver(tmp_path / "packages", htpasswd, log_file=tmp_path / "pypiserver.log") as server:
+        publish(wheelhouse, server.url)
+        make_wheel(tmp_path / "elsewhere", "rocm-canary", "0.1.0+rocm9.9", build="tampered").replace(
+            tmp_path / "packages" / wheel.name)
+        with pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
+            pip_install(fresh_venv, "--index-url", server.simple_url, "-c", constraints, "rocm-canary")

@@ -53,12 +53,11 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        expected = f"pypiserver exited with code 1 before answering at http://127.0.0.1:{port}/"
-        with (pytest.raises(RocwheelsError, match=expected),
+        with (pytest.raises(RocwheelsError, match=f"port {port} on 127.0.0.1 is already in use"),
               running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd", port=port,
                                  log_file=tmp_path / "pypiserver.log")):
             pass
-    assert "Address already in use" in (tmp_path / "pypiserver.log").read_text()
+    assert not (tmp_path / "pypiserver.log").exists()  # caught before pypiserver could print a traceback
 
 
 @pytest.mark.network

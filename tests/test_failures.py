@@ -1,0 +1,423 @@
+"""Every bad input and fault in docs/failure-modes.md, run through the real command line.
+
+Each case sets up a small project (recipes, lock, wheelhouse, cache, TMPDIR all under tmp_path),
+runs ``rocwheels`` through its entry point (``pipeline.cli.main``: the one layer that turns the
+project's errors into messages and exit statuses) and checks the exit status, that the message
+names the cause, that no traceback is shown and that nothing half-written is left anywhere.
+The catalogue in docs/failure-modes.md is checked against this table both ways.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from conftest import _raw_zip, _wheel_archive, _write_wheel, recipe_toml
+
+from pipeline.cli import main
+from pipeline.provenance import record_path
+
+REPO = Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "failure-modes.md"
+DIGEST = "@sha256:" + "0" * 64
+LOCK = f"""default_line = "rocm9.9"
+[lines."rocm9.9"]
+rocm = "9.9.0"
+builder_image = "registry.example/rocm/dev{DIGEST}"
+image_source = "https://example.org/digests"
+python = ["3.11"]
+targets = ["gfx90a", "gfx942"]
+[lines."rocm9.9".versions]
+alpha = "1.0"
+beta = "1.0"
+"""
+CANARY = "alpha-1.0+rocm9.9-py3-none-any.whl"
+
+
+@dataclass
+class Project:
+    root: Path
+    keep: list = field(default_factory=list)  # sockets and the like held open during the run
+
+    @property
+    def recipes(self) -> Path:
+        return self.root / "recipes"
+
+    @property
+    def wheelhouse(self) -> Path:
+        return self.root / "wheelhouse"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "build"
+
+    @property
+    def cache(self) -> Path:
+        return self.root / "cache"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    def recipe(self, name: str, text: str | bytes) -> Path:
+        path = self.recipes / f"{name}.toml"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return path
+
+    def wheel(self, version: str = "1.0+rocm9.9", name: str = "alpha", build: str = "ours") -> Path:
+        return _write_wheel(self.wheelhouse, name, version, build=build)
+
+
+def _project(root: Path) -> Project:
+    project = Project(root)
+    project.recipes.mkdir(parents=True)
+    project.recipe("alpha", recipe_toml("alpha", "1.0"))
+    project.recipe("beta", recipe_toml("beta", "1.0", depends_on=("alpha",)))
+    (project.recipes / "lock.toml").write_text(LOCK)
+    project.tmp.mkdir()
+    project.cache.mkdir()
+    return project
+
+
+# --- setups: each puts one mistake into a valid project ---
+
+
+def replace_in(name: str, old: str, new: str) -> Callable[[Project], None]:
+    def setup(p: Project) -> None:
+        path = p.recipes / name
+        path.write_text(path.read_text().replace(old, new))
+    return setup
+
+
+def recipe_text(name: str, text: str | bytes) -> Callable[[Project], None]:
+    return lambda p: p.recipe(name, text)
+
+
+def url_source(url: str, sha256: str = "0" * 64) -> Callable[[Project], None]:
+    return replace_in("alpha.toml", 'path = "."', f'url = "{url}"\nsha256 = "{sha256}"')
+
+
+def tampered_wheel(p: Project) -> Path:
+    wheel = p.wheel()
+    changed = p.root / "changed.whl"
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(changed, "w") as out:
+        for info in source.infolist():
+            data = source.read(info)
+            out.writestr(info, b"BUILD = 'tampered'\n" if info.filename == "alpha/__init__.py" else data)
+    changed.replace(wheel)
+    return wheel
+
+
+def with_record(p: Project) -> Path:
+    """A wheel with a provenance record, then changed after the record was written."""
+    from pipeline.provenance import write_record
+
+    wheel = p.wheel()
+    write_record(wheel, "f" * 64, {}, {"driver": "local"})
+    other = _write_wheel(p.root / "other", "alpha", "1.0+rocm9.9", build="swapped")
+    other.replace(wheel)
+    return wheel
+
+
+def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Callable[[Project], None]:
+    """A wheel of exactly these members (plus correct metadata), one of them stored as a symlink."""
+    def setup(p: Project) -> None:
+        wheel = _wheel_archive(p.wheelhouse / CANARY, "alpha", "1.0+rocm9.9", "py3-none-any", True, members)
+        if symlink:
+            rewritten = p.root / "link.whl"
+            with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(rewritten, "w") as out:
+                for info in source.infolist():
+                    if info.filename == symlink:
+                        info.external_attr = (0o120777) << 16
+                    out.writestr(info, source.read(info))
+            rewritten.replace(wheel)
+    return setup
+
+
+def raw(members: dict[str, bytes], name: str = CANARY) -> Callable[[Project], None]:
+    return lambda p: _raw_zip(p.wheelhouse / name, members)
+
+
+def text_file(name: str = CANARY) -> Callable[[Project], None]:
+    def setup(p: Project) -> None:
+        p.wheelhouse.mkdir(parents=True, exist_ok=True)
+        (p.wheelhouse / name).write_text("not a wheel\n")
+    return setup
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def htpasswd(text: str) -> Callable[[Project], None]:
+    return lambda p: (p.root / "htpasswd").write_text(text)
+
+
+def good_htpasswd(p: Project) -> None:
+    from pipeline.serve import add_htpasswd_user
+
+    add_htpasswd_user(p.root / "htpasswd", "alice", "pw")
+
+
+def port_in_use(p: Project) -> None:
+    good_htpasswd(p)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    p.keep.append(taken)
+    (p.root / "port").write_text(str(taken.getsockname()[1]))
+
+
+def two_versions(p: Project) -> None:
+    p.wheel("1.0+rocm9.9")
+    p.wheel("1.1+rocm9.9")
+
+
+def indexed_then(change: Callable[[Project], None]) -> Callable[[Project], None]:
+    """A wheelhouse with a built index and constraints, then ``change``: the old index must survive."""
+    def setup(p: Project) -> None:
+        from pipeline.index import build_static_index, write_constraints
+
+        p.wheel()
+        build_static_index(p.wheelhouse)
+        write_constraints(p.wheelhouse)
+        (p.root / "before").write_text((p.wheelhouse / "constraints-rocm9.9.txt").read_text())
+        change(p)
+    return setup
+
+
+def old_index_kept(p: Project) -> None:
+    assert (p.wheelhouse / "constraints-rocm9.9.txt").read_text() == (p.root / "before").read_text()
+    assert "alpha" in (p.wheelhouse / "simple" / "rocm9.9" / "index.html").read_text()
+
+
+def no_file(*names: str) -> Callable[[Project], None]:
+    def check(p: Project) -> None:
+        for name in names:
+            assert not (p.root / name).exists(), name
+    return check
+
+
+def unchanged_wheelhouse_of_one(p: Project) -> None:
+    assert sorted(f.name for f in p.wheelhouse.iterdir() if not f.name.startswith(".")) == [CANARY]
+
+
+def setup_all(*setups: Callable[[Project], None]) -> Callable[[Project], None]:
+    def setup(p: Project) -> None:
+        for one in setups:
+            one(p)
+    return setup
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    area: str
+    args: tuple[str, ...]  # after the project options; {root} {wheel} {port} {closed} are filled in
+    status: int
+    says: tuple[str, ...]  # every one appears in the output
+    setup: Callable[[Project], None] | None = None
+    after: Callable[[Project], None] | None = None  # extra checks on what is left
+    env: tuple[tuple[str, str], ...] = ()
+
+
+PLAN = ("plan", "--arch", "gfx90a", "--rocm", "rocm9.9", "--driver", "container")
+VERIFY = ("verify", "--no-smoke", "{wheel}")
+INDEX = ("index", "build")
+PUBLISH = ("publish", "--attempts", "1", "--repository", "http://127.0.0.1:{closed}/")
+SERVE = ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/packages", "--port", "{closed}")
+
+CASES = (
+    # recipes
+    Case("recipe-not-toml", "recipe", PLAN, 2, ("alpha.toml", "not valid TOML"), recipe_text("alpha", "name = \n")),
+    Case("recipe-is-a-folder", "recipe", PLAN, 2, ("gamma.toml", "is a folder"), lambda p: (p.recipes / "gamma.toml").mkdir()),
+    Case("recipe-not-utf8", "recipe", PLAN, 2, ("alpha.toml", "not UTF-8"), recipe_text("alpha", b'name = "alpha\xff"\n')),
+    Case("recipe-unknown-key", "recipe", PLAN, 2, ("alpha.toml", "colour", "unknown key"), replace_in("alpha.toml", 'name = "alpha"', 'name = "alpha"\ncolour = "red"')),
+    Case("recipe-name-missing", "recipe", PLAN, 2, ("alpha.toml", "name", "required key is missing"), replace_in("alpha.toml", 'name = "alpha"\n', "")),
+    Case("recipe-name-not-file-name", "recipe", PLAN, 2, ("alpha.toml", "but the file is"), replace_in("alpha.toml", 'name = "alpha"', 'name = "other"')),
+    Case("recipe-source-missing", "recipe", PLAN, 2, ("alpha.toml", "exactly one of path, url, git"), replace_in("alpha.toml", 'path = "."', 'subdir = "x"')),
+    Case("recipe-url-without-scheme", "recipe", PLAN, 2, ("alpha.toml", "url", "has no scheme"), url_source("example.org/alpha-1.0.tar.gz")),
+    Case("recipe-url-without-sha256", "recipe", PLAN, 2, ("alpha.toml", "sha256"), replace_in("alpha.toml", 'path = "."', 'url = "https://example.org/a.tar.gz"')),
+    Case("recipe-git-short-commit", "recipe", PLAN, 2, ("alpha.toml", "40-hex"), replace_in("alpha.toml", 'path = "."', 'git = "https://example.org/a.git"\ncommit = "abc123"')),
+    Case("recipe-path-missing", "recipe", PLAN, 2, ("alpha.toml", "does not exist"), replace_in("alpha.toml", 'path = "."', 'path = "nowhere"')),
+    Case("recipe-unknown-dependency", "recipe", PLAN, 2, ("beta.toml", "unknown recipe 'gamma'"), replace_in("beta.toml", '["alpha"]', '["gamma"]')),
+    Case("recipe-dependency-cycle", "recipe", PLAN, 2, ("dependency cycle",), replace_in("alpha.toml", "depends_on = []", 'depends_on = ["beta"]')),
+    Case("recipe-same-distribution", "recipe", PLAN, 2, ("distribution", "one recipe per distribution"), replace_in("beta.toml", 'name = "beta"', 'name = "beta"\ndistribution = "alpha"')),
+    Case("recipe-unknown-placeholder", "recipe", PLAN, 2, ("alpha.toml", "unknown placeholder {nope}"), replace_in("alpha.toml", "[targets]", '[env]\nX = "{nope}"\n[targets]')),
+    Case("recipe-bad-version", "recipe", PLAN, 2, ("alpha.toml", "versions"), replace_in("alpha.toml", '"1.0"', '"one"')),
+    Case("recipe-unknown-gpu-target", "recipe", PLAN, 2, ("alpha.toml", "gfx9999"), replace_in("alpha.toml", '"gfx90a", "gfx942"', '"gfx9999"')),
+    # the lock
+    Case("lock-missing", "lock", PLAN, 2, ("lock.toml", "file not found"), lambda p: (p.recipes / "lock.toml").unlink()),
+    Case("lock-not-toml", "lock", PLAN, 2, ("lock.toml", "not valid TOML"), recipe_text("lock", "[lines\n")),
+    Case("lock-schema-too-new", "lock", PLAN, 2, ("lock.toml", "schema_version", "upgrade rocwheels"), replace_in("lock.toml", 'default_line', "schema_version = 99\ndefault_line")),
+    Case("lock-default-line-unknown", "lock", PLAN, 2, ("default_line", "is not a line"), replace_in("lock.toml", 'default_line = "rocm9.9"', 'default_line = "rocm1.0"')),
+    Case("lock-unknown-line", "lock", ("plan", "--arch", "gfx90a", "--rocm", "rocm1.0"), 2, ("no ROCm line named 'rocm1.0'", "rocm9.9")),
+    Case("lock-pin-without-recipe", "lock", ("lock", "check"), 2, ("lines.rocm9.9.versions.gamma", "no recipe of that name"), replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"')),
+    Case("lock-pins-unknown-version", "lock", ("lock", "check"), 2, ("alpha", "2.0"), replace_in("lock.toml", 'alpha = "1.0"', 'alpha = "2.0"')),
+    Case("lock-dependency-unpinned", "lock", ("lock", "check"), 2, ("beta depends on alpha",), replace_in("lock.toml", 'alpha = "1.0"\n', "")),
+    Case("lock-unknown-key", "lock", PLAN, 2, ("lock.toml", "unknown key"), replace_in("lock.toml", 'rocm = "9.9.0"', 'rocm = "9.9.0"\nflavour = "x"')),
+    Case("index-build-pin-without-recipe", "index", INDEX, 2, ("no recipe of that name",), setup_all(lambda p: p.wheel(), replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"'))),
+    # ARCH
+    Case("arch-unknown-target", "arch", ("plan", "--arch", "gfx9999", "--rocm", "rocm9.9"), 2, ("unknown GPU target 'gfx9999'", "gfx942")),
+    Case("arch-empty", "arch", ("plan", "--arch", "", "--rocm", "rocm9.9"), 2, ("no GPU target given", "ARCH=gfx942")),
+    Case("arch-only-separators", "arch", ("plan", "--arch", ";,", "--rocm", "rocm9.9"), 2, ("no GPU target given",)),
+    Case("arch-missing", "arch", ("plan", "--rocm", "rocm9.9"), 2, ("Missing option '--arch'",)),
+    Case("verify-arch-empty", "arch", ("verify", "--no-smoke", "--arch", "", "{wheel}"), 2, ("no GPU target given",), lambda p: p.wheel()),
+    Case("verify-arch-unknown", "arch", ("verify", "--no-smoke", "--arch", "sm_90", "{wheel}"), 2, ("unknown GPU target 'sm_90'",), lambda p: p.wheel()),
+    # wheels given to verify, inspect, repair
+    Case("wheel-missing", "wheel", VERIFY, 1, ("no such wheel",)),
+    Case("wheel-none-given", "wheel", ("verify",), 2, ("give one or more wheel files",)),
+    Case("wheel-not-a-zip", "wheel", VERIFY, 1, ("not a readable zip archive", "rebuild"), text_file()),
+    Case("wheel-bad-file-name", "wheel", ("verify", "--no-smoke", "{wheelhouse}/alpha.whl"), 1, ("not a wheel file name",), text_file("alpha.whl")),
+    Case("wheel-tampered-member-verify", "wheel", VERIFY, 1, ("member alpha/__init__.py does not match its RECORD hash", "rebuild"), tampered_wheel),
+    Case("wheel-tampered-member-inspect", "wheel", ("inspect", "{wheel}"), 1, ("member alpha/__init__.py does not match its RECORD hash",), tampered_wheel),
+    Case("wheel-tampered-member-repair", "wheel", ("repair", "-w", "{root}/repaired", "{wheel}"), 1, ("member alpha/__init__.py does not match its RECORD hash",), tampered_wheel, no_file("repaired/" + CANARY)),
+    Case("wheel-symlink-member", "wheel", VERIFY, 1, ("alpha/link.py is a symbolic link",), member_wheel({"alpha/__init__.py": b"", "alpha/link.py": b"__init__.py"}, symlink="alpha/link.py")),
+    Case("wheel-unsafe-member-path", "wheel", VERIFY, 1, ("unsafe member path '../evil.py'",), raw({"../evil.py": b"", "alpha-1.0+rocm9.9.dist-info/RECORD": b""})),
+    Case("wheel-record-names-missing-file", "wheel", VERIFY, 1, ("RECORD lists files the archive does not contain",), raw({"alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/gone.py,,\n"})),
+    Case("wheel-file-missing-from-record", "wheel", VERIFY, 1, ("files missing from RECORD", "alpha/extra.py"), raw({"alpha/extra.py": b"", "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b""})),
+    Case("wheel-two-dist-info", "wheel", VERIFY, 1, ("exactly one top-level .dist-info folder",), raw({"a-1.dist-info/RECORD": b"", "alpha-1.0+rocm9.9.dist-info/RECORD": b""})),
+    Case("wheel-weak-record-hash", "wheel", VERIFY, 1, ("RECORD hash for alpha/__init__.py uses 'md5'",), raw({"alpha/__init__.py": b"", "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/__init__.py,md5=x,0\nalpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n"})),
+    Case("wheel-metadata-name-missing", "wheel", VERIFY, 1, ("METADATA Name missing",), raw({"alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Version: 1.0\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n"})),
+    Case("wheel-changed-after-verify", "wheel", VERIFY, 1, ("differs from the provenance record",), with_record),
+    Case("wheel-broken-provenance-record", "wheel", VERIFY, 1, ("not a readable provenance record",), setup_all(lambda p: p.wheel(), lambda p: record_path(p.wheelhouse / CANARY).write_text("{"))),
+    # A fresh clone has no build/ yet: the smoke test's venv still gets a place (it used to crash).
+    Case("verify-fresh-clone-without-work-dir", "wheel", ("--work-dir", "{root}/absent/build", "verify", "{wheel}"), 0, ("smoke", "alpha imported"), lambda p: p.wheel()),
+    # the index
+    Case("index-no-wheelhouse", "index", INDEX, 2, ("no wheelhouse at",)),
+    Case("index-no-labelled-wheels", "index", INDEX, 1, ("no wheels with a +rocmX.Y local version label",), lambda p: p.wheel("1.0")),
+    Case("index-text-file-named-whl", "index", INDEX, 1, ("not a readable zip archive",), indexed_then(text_file("beta-1.0+rocm9.9-py3-none-any.whl")), old_index_kept),
+    Case("index-bad-wheel-name", "index", INDEX, 1, ("not a valid wheel file name",), indexed_then(text_file("beta.whl")), old_index_kept),
+    Case("index-two-versions-one-line", "index", INDEX, 1, ("2 versions in the rocm9.9 line", "can pin only one"), indexed_then(lambda p: p.wheel("1.1+rocm9.9")), old_index_kept),
+    Case("index-wheel-changed-after-verify", "index", INDEX, 1, ("is not the one verify accepted",), with_record),
+    Case("index-simple-is-a-real-folder", "index", INDEX, 1, ("is a real folder",), setup_all(lambda p: p.wheel(), lambda p: (p.wheelhouse / "simple").mkdir())),
+    # publishing
+    Case("publish-empty-wheelhouse", "publish", PUBLISH, 1, ("no wheels to publish",), lambda p: p.wheelhouse.mkdir()),
+    Case("publish-index-unreachable", "publish", PUBLISH, 1, ("unreachable", "gave up after 1 attempts", "rocwheels serve"), lambda p: p.wheel()),
+    Case("publish-unknown-pypirc-section", "publish", ("publish", "--repository", "nowhere", "--config-file", "{root}/pypirc"), 1, ("cannot use repository 'nowhere'",), setup_all(lambda p: p.wheel(), lambda p: (p.root / "pypirc").write_text("[distutils]\nindex-servers = other\n"))),
+    Case("publish-text-file-named-whl", "publish", PUBLISH, 1, ("not a readable zip archive",), text_file()),
+    Case("publish-wheel-changed-after-verify", "publish", PUBLISH, 1, ("is not the one verify accepted",), with_record),
+    Case("publish-attempts-zero", "publish", ("publish", "--attempts", "0", "--repository", "http://127.0.0.1:1/"), 2, ("--attempts",)),
+    Case("publish-repository-missing", "publish", ("publish",), 2, ("Missing option '--repository'",)),
+    # the served index
+    Case("serve-no-htpasswd", "serve", SERVE, 2, ("no htpasswd file", "index add-user")),
+    Case("serve-htpasswd-without-users", "serve", SERVE, 2, ("holds no user", "index add-user"), htpasswd("")),
+    Case("serve-htpasswd-garbage", "serve", SERVE, 2, ("is not a readable htpasswd file",), htpasswd("no colon here\n")),
+    Case("serve-host-unresolvable", "serve", (*SERVE, "--host", "no-such-host.invalid"), 2, ("does not resolve",), good_htpasswd),
+    Case("serve-port-in-use", "serve", ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/packages", "--port", "{port}"), 1, ("already in use", "another --port"), port_in_use),
+    Case("serve-port-out-of-range", "serve", ("serve", "--port", "70000"), 2, ("70000",)),
+    Case("serve-packages-is-a-file", "serve", ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/htpasswd", "--port", "{closed}"), 2, ("is a file",), good_htpasswd),
+    Case("add-user-colon-in-name", "serve", ("index", "add-user", "al:ice", "--htpasswd", "{root}/htpasswd"), 2, ("cannot be stored in an htpasswd file",), None, no_file("htpasswd"), (("ROCWHEELS_INDEX_PASSWORD", "pw"),)),
+    Case("add-user-empty-name", "serve", ("index", "add-user", "", "--htpasswd", "{root}/htpasswd"), 2, ("cannot be stored",), None, no_file("htpasswd"), (("ROCWHEELS_INDEX_PASSWORD", "pw"),)),
+    Case("add-user-broken-htpasswd", "serve", ("index", "add-user", "bob", "--htpasswd", "{root}/htpasswd"), 2, ("is not a readable htpasswd file",), htpasswd("no colon here\n"), None, (("ROCWHEELS_INDEX_PASSWORD", "pw"),)),
+    # tools missing on this machine
+    Case("no-container-engine", "tools", ("image", "build", "--rocm", "rocm9.9"), 1, ("no working container engine",), None, None, (("PATH", "{root}/empty-bin"),)),
+    Case("doctor-unknown-line", "tools", ("doctor", "--rocm", "rocm1.0"), 2, ("no ROCm line named 'rocm1.0'",)),
+    Case("unknown-command", "tools", ("bulid",), 2, ("No such command 'bulid'",)),
+)
+
+
+def _fill(value: str, project: Project, closed: int) -> str:
+    port = (project.root / "port").read_text() if (project.root / "port").exists() else ""
+    return value.format(root=project.root, wheel=project.wheelhouse / CANARY, wheelhouse=project.wheelhouse,
+                        port=port, closed=closed)
+
+
+def run_rocwheels(project: Project, args: tuple[str, ...], capsys, monkeypatch, env=()) -> tuple[int, str]:
+    """``rocwheels --recipes-dir ... ARGS`` through its real entry point; (exit status, stdout + stderr)."""
+    closed = closed_port()
+    (project.root / "empty-bin").mkdir(exist_ok=True)
+    for name, value in env:
+        monkeypatch.setenv(name, _fill(value, project, closed))
+    argv = ["rocwheels", "--recipes-dir", str(project.recipes), "--wheelhouse", str(project.wheelhouse),
+            "--work-dir", str(project.work), *(_fill(a, project, closed) for a in args)]
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        main()
+        status = 0
+    except SystemExit as exc:
+        status = exc.code if isinstance(exc.code, int) else 1
+    captured = capsys.readouterr()
+    return status, captured.out + captured.err
+
+
+def leftovers(project: Project) -> list[str]:
+    """Half-written files anywhere in the project, and anything in its TMPDIR."""
+    partial = [str(p.relative_to(project.root)) for p in project.root.rglob("*")
+               if p.name.endswith((".partial", ".tmp")) or (p.name.startswith(".simple-") and p.name.endswith(".link"))]
+    return partial + [p.name for p in project.tmp.iterdir()]
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    project = _project(tmp_path)
+    monkeypatch.setenv("TMPDIR", str(project.tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    monkeypatch.setenv("ROCWHEELS_CACHE", str(project.cache))
+    for name in ("ROCWHEELS_ARCH", "ROCWHEELS_ROCM", "ROCWHEELS_DRIVER", "ROCWHEELS_REPOSITORY", "TWINE_USERNAME", "TWINE_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    # Setups may log (index builds) before main sets logging up: not to a closed earlier capture.
+    monkeypatch.setattr(logging.getLogger("rocwheels"), "handlers", [])
+    yield project
+    for kept in project.keep:
+        kept.close()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_failure(case: Case, project: Project, capsys, monkeypatch) -> None:
+    if case.setup:
+        case.setup(project)
+    status, output = run_rocwheels(project, case.args, capsys, monkeypatch, case.env)
+    assert status == case.status, output
+    for phrase in case.says:
+        assert phrase in output, (phrase, output)
+    assert "Traceback" not in output
+    if case.status:
+        assert "error" in output.lower()  # "error: <cause>\n  fix: ..." or click's "Error: ..." for usage
+    assert leftovers(project) == []
+    if case.after:
+        case.after(project)
+
+
+_ROW = re.compile(r"^\|(?P<cells>.+)\|\s*$")
+_TEST_REF = re.compile(r"`tests/(?P<module>test_\w+)\.py::(?P<test>\w+)(?:\[(?P<param>[\w-]+)\])?`")
+
+
+def _doc_rows() -> list[tuple[str, int, str]]:
+    """(area, exit status, test reference) of every catalogue row."""
+    rows = []
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        match = _ROW.match(line)
+        if not match or "---" in line:
+            continue
+        cells = [c.strip() for c in match["cells"].split("|")]
+        if cells[0] in ("area", ""):
+            continue
+        rows.append((cells[0], cells[3], cells[4]))
+    return rows
+
+
+def test_catalogue_and_table_agree() -> None:
+    rows = _doc_rows()
+    assert len(rows) >= 60
+    named = {}
+    for _area, status, reference in rows:
+        ref = _TEST_REF.search(reference)
+        assert ref, f"row names no test: {reference}"
+        module = (REPO / "tests" / f"{ref['module']}.py").read_text()
+        assert f"def {ref['test']}(" in module, reference
+        if ref["module"] == "test_failures":
+            named[ref["param"]] = status
+        elif ref["param"]:  # parametrize ids joined by "-": each must be one the module defines
+            assert all(f'"{part}"' in module for part in ref["param"].split("-")), reference
+    cases = {c.id: str(c.status) for c in CASES}
+    assert named == cases, "docs/failure-modes.md and CASES differ (id or exit status)"

@@ -1,0 +1,95 @@
+"""Fuzzing, bounded: loaders and parsers fed arbitrary bytes raise only the project's own errors.
+
+Hypothesis runs a fixed number of examples per test with no per-example deadline (the suite's
+time stays bounded; a busy CI machine makes no flaky failure) and without a database on disk.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import RocwheelsError
+from pipeline.lock import load_lock
+from pipeline.offload import parse_fatbin
+from pipeline.recipes import load_recipe
+from pipeline.wheelfile import check_wheel
+
+BOUNDED = settings(max_examples=150, deadline=None, database=None,
+                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+# TOML-ish text: keys, tables and values recipes and locks use, shuffled into nonsense.
+_TOKENS = st.sampled_from(['name = "alpha"', "[versions.\"1.0\".source]", 'path = "."', "url = ", '"x"', "[targets]",
+                           "supported = [\"gfx90a\"]", "default_line = ", "[lines.a]", "rocm = 1", "schema_version = 99",
+                           "depends_on = [", "]", "{", "}", "=", "\n", "\xff", "[[rules]]", 'env = "{nope}"'])
+TOML_TEXT = st.one_of(st.binary(max_size=300), st.lists(_TOKENS, max_size=30).map(lambda t: " ".join(t).encode("utf-8")))
+
+
+@BOUNDED
+@given(TOML_TEXT)
+def test_recipe_loader(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "alpha.toml"
+    path.write_bytes(data)
+    try:
+        load_recipe(path)
+    except RocwheelsError:
+        pass
+
+
+@BOUNDED
+@given(TOML_TEXT)
+def test_lock_loader(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    folder = tmp_path_factory.mktemp("fuzz")
+    (folder / "lock.toml").write_bytes(data)
+    try:
+        load_lock(folder)
+    except RocwheelsError:
+        pass
+
+
+def _zip_of(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+_MEMBER_NAMES = st.sampled_from(["alpha/__init__.py", "alpha-1.0.dist-info/RECORD", "alpha-1.0.dist-info/WHEEL",
+                                 "alpha-1.0.dist-info/METADATA", "../x", "/abs", "a\\b", "other-1.dist-info/RECORD"])
+_MEMBER_DATA = st.one_of(st.binary(max_size=80), st.sampled_from([
+    b"alpha/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n", b"Tag: py3-none-any\n",
+    b"Name: alpha\nVersion: 1.0\n", b"a,b\n", b"x,md5=1,2\n"]))
+WHEEL_BYTES = st.one_of(st.binary(max_size=400), st.dictionaries(_MEMBER_NAMES, _MEMBER_DATA, max_size=6).map(_zip_of),
+                        st.dictionaries(_MEMBER_NAMES, _MEMBER_DATA, max_size=6).map(_zip_of).flatmap(
+                            lambda z: st.integers(0, max(len(z) - 1, 0)).map(lambda i: z[:i] + b"\0" + z[i + 1:])))
+
+
+@BOUNDED
+@given(WHEEL_BYTES)
+def test_wheel_checker(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "alpha-1.0-py3-none-any.whl"
+    path.write_bytes(data)
+    try:
+        check_wheel(path)
+    except RocwheelsError:
+        pass
+
+
+_MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+FATBIN = st.one_of(st.binary(max_size=200), st.binary(max_size=200).map(lambda b: _MAGIC + b),
+                   st.binary(max_size=200).map(lambda b: b"CCOB" + b))
+
+
+@BOUNDED
+@given(FATBIN)
+def test_offload_bundle_parser(data: bytes) -> None:
+    try:
+        parse_fatbin(data)
+    except RocwheelsError:
+        pass

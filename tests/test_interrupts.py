@@ -1,0 +1,238 @@
+"""SIGINT and SIGTERM sent to a real ``rocwheels`` process mid-stage: exit 130/143, nothing left behind,
+and the same command succeeds next time without any cleanup.
+
+Each stage is held at a known point by a local server that stalls (a download half sent, an upload
+whose answer never comes) or by a file it is writing, so the signal lands while work is under way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from conftest import _write_wheel
+
+from pipeline.cmd import run
+from pipeline.interrupts import PRIVATE_PREFIX
+
+SIGNALS = pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+
+
+class _Stalling(BaseHTTPRequestHandler):
+    """Answers GET of /file with half its bytes then waits; POST (an upload) is read and never answered."""
+
+    started: threading.Event
+    release: threading.Event
+    body = b"x" * 200_000
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        if self.path == "/simple/":  # an empty index: every wheel is to be uploaded
+            page = b"<html><body></body></html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(page)))
+            self.end_headers()
+            self.wfile.write(page)
+            return
+        if not self.path.startswith("/file"):
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body[: len(self.body) // 2])
+        self.wfile.flush()
+        self.started.set()
+        self.release.wait(30)
+
+    def do_POST(self) -> None:  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.started.set()
+        self.release.wait(30)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextmanager
+def stalling_server() -> Iterator[tuple[str, threading.Event]]:
+    started, release = threading.Event(), threading.Event()
+    handler = type("Handler", (_Stalling,), {"started": started, "release": release})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/", started
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``python -m pipeline ARGS`` with TMPDIR and the cache under the test's folder."""
+    full_env = {**os.environ, "TMPDIR": str(tmp / "tmp"), "ROCWHEELS_CACHE": str(tmp / "cache"), **(env or {})}
+    (tmp / "tmp").mkdir(exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], env=full_env, cwd=tmp,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stop_and_wait(process: subprocess.Popen, stop: signal.Signals) -> tuple[int, str]:
+    process.send_signal(stop)
+    _, err = process.communicate(timeout=60)
+    return process.returncode, err
+
+
+def leftovers(tmp: Path) -> list[str]:
+    found = [p.name for p in (tmp / "tmp").iterdir()]
+    for folder in (tmp / "wheelhouse", tmp / "cache"):
+        if folder.exists():
+            found += [str(p) for p in folder.rglob("*") if p.name.endswith(".partial")
+                      or (p.name.startswith(".simple-") and not (folder / "simple").resolve() == p)]
+    return found
+
+
+def wait_for(condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"never happened: {what}")
+        time.sleep(0.02)
+
+
+@SIGNALS
+def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
+    """A signal while a url source is half downloaded: the cache keeps no partial file."""
+    script = tmp_path / "download.py"
+    with stalling_server() as (url, started):
+        script.write_text(
+            "import logging, sys\nfrom pathlib import Path\nfrom pipeline.interrupts import interruptible\n"
+            "from pipeline.sources import _download\n"
+            "from pipeline.errors import Interrupted\n"
+            "try:\n    with interruptible():\n"
+            f"        _download({url + 'file.tar.gz'!r}, '0' * 64, Path('r.toml'), 'f', logging.LoggerAdapter(logging.getLogger(), {{}}))\n"
+            "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n")
+        env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "ROCWHEELS_CACHE": str(tmp_path / "cache"),
+               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        (tmp_path / "tmp").mkdir()
+        process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
+        assert started.wait(30)
+        wait_for(lambda: any((tmp_path / "cache" / "sources").glob("*.partial")), "the partial download appears")
+        status, err = stop_and_wait(process, stop)
+    assert status == 128 + stop, err
+    assert leftovers(tmp_path) == []
+
+
+@SIGNALS
+def test_upload_interrupted_then_published(tmp_path: Path, stop: signal.Signals) -> None:
+    """A signal while twine's upload waits for the index: twine stops too, TMPDIR is clean, a rerun works."""
+    _write_wheel(tmp_path / "wheelhouse", "alpha", "1.0+rocm9.9")
+    with stalling_server() as (url, started):
+        process = start(["--wheelhouse", "wheelhouse", "publish", "--attempts", "1", "--repository", url],
+                        tmp_path, {"TWINE_USERNAME": "u", "TWINE_PASSWORD": "p"})
+        # the index pages answer 404 (nothing there), then twine POSTs and waits
+        assert started.wait(60), process.communicate()[1] if process.poll() is not None else ""
+        status, err = stop_and_wait(process, stop)
+    assert status == 128 + stop, err
+    assert "Traceback" not in err and "interrupted by signal" in err
+    assert leftovers(tmp_path) == []
+
+
+def _started(tmp: Path) -> bool:
+    """rocwheels has set its signal policy up (its private TMPDIR exists)."""
+    return any(p.name.startswith(PRIVATE_PREFIX) for p in (tmp / "tmp").iterdir())
+
+
+INDEX_POINTS = {
+    "started": _started,
+    "hashing": lambda tmp: _started(tmp) and (tmp / "wheelhouse" / ".rocwheels.lock").exists(),
+    "writing": lambda tmp: any((tmp / "wheelhouse").glob(".simple-*")),
+}
+
+
+@SIGNALS
+@pytest.mark.parametrize("point", list(INDEX_POINTS))
+def test_index_build_interrupted_then_rebuilt(tmp_path: Path, stop: signal.Signals, point: str) -> None:
+    """Signals at several points of an index build: the old index or none, never a half one; a rerun succeeds."""
+    wheelhouse = tmp_path / "wheelhouse"
+    for number in range(40):
+        _write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
+    process = start(["--wheelhouse", "wheelhouse", "--recipes-dir", "none", "index", "build"], tmp_path)
+    wait_for(lambda: process.poll() is not None or INDEX_POINTS[point](tmp_path), point)
+    if process.poll() is None:
+        status, err = stop_and_wait(process, stop)
+        assert status in (0, 128 + stop), err  # a fast machine may finish first
+        assert "Traceback" not in err
+    else:
+        process.communicate()
+    assert leftovers(tmp_path) == []
+    link = wheelhouse / "simple"
+    assert not link.exists() or (link / "rocm9.9" / "index.html").is_file()
+    again = start(["--wheelhouse", "wheelhouse", "--recipes-dir", "none", "index", "build"], tmp_path)
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert (wheelhouse / "constraints-rocm9.9.txt").read_text().count("==1.0+rocm9.9") == 40
+    assert leftovers(tmp_path) == []
+
+
+@SIGNALS
+def test_verify_interrupted_during_smoke_test(tmp_path: Path, stop: signal.Signals) -> None:
+    """A signal while verify reads a wheel: its scratch folders go with the private TMPDIR."""
+    wheel = _write_wheel(tmp_path / "wheelhouse", "alpha", "1.0")
+    process = start(["--work-dir", str(tmp_path / "tmp"), "verify", str(wheel)], tmp_path)
+
+    def venv_started() -> bool:
+        return any(p.name.startswith(PRIVATE_PREFIX) for p in (tmp_path / "tmp").iterdir()) and \
+            any((tmp_path / "tmp").glob("rocwheels-smoke-*"))
+
+    wait_for(lambda: process.poll() is not None or any((tmp_path / "tmp").iterdir()), "rocwheels starts")
+    if process.poll() is None:
+        status, err = stop_and_wait(process, stop)
+        assert status in (0, 1, 128 + stop), err
+    else:
+        process.communicate()
+    assert not venv_started()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:
+    """SIGTERM reaches only rocwheels (a CI cancel): the command it runs must not go on writing."""
+    marker = tmp_path / "child-still-running"
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\nfrom pipeline.cmd import run\nfrom pipeline.interrupts import interruptible\n"
+        "from pipeline.errors import Interrupted\n"
+        "try:\n    with interruptible():\n"
+        f"        run(['sh', '-c', 'sleep 3; touch {marker}'], log_file=Path({str(tmp_path / 'log')!r}))\n"
+        "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n")
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (tmp_path / "log").exists(), "the child starts")
+    status, err = stop_and_wait(process, signal.SIGTERM)
+    assert status == 143, err
+    time.sleep(3.5)
+    assert not marker.exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
+    """Leftovers of a run killed with SIGKILL (no cleanup possible) are removed by the next run."""
+    wheelhouse = tmp_path / "wheelhouse"
+    _write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
+    (wheelhouse / ".alpha-1.0+rocm9.9-py3-none-any.whl.partial").write_bytes(b"half")
+    (wheelhouse / ".simple-dead").mkdir()
+    result = run([sys.executable, "-m", "pipeline", "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none",
+                  "index", "build"], cwd=tmp_path)
+    assert "removed leftovers of an interrupted run" in result.output
+    assert sorted(p.name for p in wheelhouse.iterdir() if p.name.startswith(".") and p.name != ".rocwheels.lock") == \
+        [(wheelhouse / "simple").resolve().name]

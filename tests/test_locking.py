@@ -1,0 +1,53 @@
+"""Two rocwheels runs on one wheelhouse: the second waits, saying so, and both finish intact."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import _write_wheel
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
+    wheelhouse = tmp_path / "wheelhouse"
+    _write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # The first run: a process holding the wheelhouse lock (as `rocwheels wheels` does while it builds).
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\nfrom pathlib import Path\nfrom pipeline.locking import wheelhouse_lock\n"
+         f"with wheelhouse_lock(Path({str(wheelhouse)!r})):\n    print('locked', flush=True)\n    sys.stdin.readline()\n"],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    second = subprocess.Popen([sys.executable, "-m", "pipeline", "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none",
+                               "index", "build"], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    waiting = second.stderr.readline()
+    assert "waiting for another rocwheels run using" in waiting and str(wheelhouse) in waiting
+    time.sleep(0.5)
+    assert second.poll() is None and not (wheelhouse / "simple").exists()  # nothing written while it waits
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert holder.wait(timeout=30) == 0
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert "alpha==1.0+rocm9.9" in (wheelhouse / "constraints-rocm9.9.txt").read_text()
+
+
+def test_two_index_builds_at_once_both_succeed(tmp_path: Path) -> None:
+    wheelhouse = tmp_path / "wheelhouse"
+    for number in range(20):
+        _write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
+    argv = [sys.executable, "-m", "pipeline", "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runs = [subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    generations = [p for p in wheelhouse.iterdir() if p.name.startswith(".simple-")]
+    assert generations == [(wheelhouse / "simple").resolve()]
+    assert (wheelhouse / "constraints-rocm9.9.txt").read_text().count("==1.0+rocm9.9") == 20
