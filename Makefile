@@ -3,6 +3,8 @@
 #   make test                        the test suite (installs hipcc/podman when missing, as root)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
+#   make ci-matrix FORMAT=github OUTPUT="$$GITHUB_OUTPUT"   the CI jobs (.github/workflows/wheels.yml, .gitlab-ci.yml)
+#   make publish REPOSITORY=URL      verify the wheelhouse, upload it (TWINE_USERNAME / TWINE_PASSWORD)
 SHELL := bash
 PYTHON ?= python3
 VENV := .venv
@@ -11,13 +13,19 @@ ARCH ?= gfx942
 RECIPES ?=
 DRIVER ?= container
 ROCM ?=
+PYTHON_VERSION ?=
+FROM_INDEX ?=
+FORMAT ?= json
+OUTPUT ?=
+REPOSITORY ?=
 # hipcc would pick an installed nvcc without it.
 export HIP_PLATFORM := amd
-# Debian packages the real builds and tests use: the HIP compiler, podman for containers, and a
-# container registry on loopback for the `lock pin` tests.
-SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry
+# Debian packages the real builds and tests use: the HIP compiler, podman and a Docker engine for
+# containers, a container registry on loopback for the `lock pin` tests, Redis for the shared
+# compiler cache tests, and musl-gcc for the loader tests.
+SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip
 
-.PHONY: venv system-deps test wheels demo bench lock-check clean
+.PHONY: venv system-deps test wheels ci-matrix publish demo bench lock-check clean
 
 $(BIN)/rocwheels: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +49,19 @@ lock-check: venv
 	$(BIN)/rocwheels lock check
 
 wheels: venv
-	$(BIN)/rocwheels wheels --arch '$(ARCH)' --driver '$(DRIVER)' $(if $(RECIPES),--recipes '$(RECIPES)') $(if $(ROCM),--rocm '$(ROCM)')
+	$(BIN)/rocwheels wheels --arch '$(ARCH)' --driver '$(DRIVER)' $(if $(RECIPES),--recipes '$(RECIPES)') $(if $(ROCM),--rocm '$(ROCM)') \
+	  $(if $(PYTHON_VERSION),--python '$(PYTHON_VERSION)') $(if $(FROM_INDEX),--from-index '$(FROM_INDEX)')
+
+ci-matrix: venv
+	$(BIN)/rocwheels ci matrix --arch '$(ARCH)' --driver '$(DRIVER)' --format '$(FORMAT)' $(if $(RECIPES),--recipes '$(RECIPES)') \
+	  $(if $(ROCM),--rocm '$(ROCM)') $(if $(OUTPUT),--output '$(OUTPUT)')
+
+# The build jobs verified and smoke-tested every wheel; this checks again what reached the
+# publishing job (contents, provenance sha256) before the upload.
+publish: venv
+	@test -n '$(REPOSITORY)' || { echo "make publish needs REPOSITORY=<upload URL or .pypirc section>"; exit 2; }
+	$(BIN)/rocwheels verify --no-smoke wheelhouse/*.whl
+	$(BIN)/rocwheels publish --repository '$(REPOSITORY)'
 
 demo: venv system-deps
 	$(BIN)/rocwheels demo

@@ -22,6 +22,10 @@ ARG ROCM_PATH=/opt/rocm
 ARG PYTORCH_ROCM_ARCH="gfx90a;gfx942"
 # Space-separated X.Y versions to provide as /opt/python/cpXY-cpXY (cibuildwheel's layout).
 ARG PYTHON_VERSIONS="3.13"
+# A `wheels` line's ROCm packages (space-separated pip requirements) and their index; ROCM_PATH
+# then names the link to their root that provisioning makes.
+ARG ROCM_WHEELS=""
+ARG ROCM_WHEELS_INDEX_URL=""
 
 # hipcc picks nvcc when it is installed and HIP_PLATFORM is unset; the builder is AMD-only.
 # The base's own PATH and LD_LIBRARY_PATH are kept (manylinux puts its gcc toolset on PATH).
@@ -29,7 +33,9 @@ ENV ROCM_PATH=${ROCM_PATH} \
     HIP_PLATFORM=amd \
     PYTORCH_ROCM_ARCH=${PYTORCH_ROCM_ARCH} \
     PATH=${ROCM_PATH:+${ROCM_PATH}/bin:${ROCM_PATH}/llvm/bin:}${PATH:-/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin} \
-    LD_LIBRARY_PATH=${ROCM_PATH:+${ROCM_PATH}/lib${LD_LIBRARY_PATH:+:}}${LD_LIBRARY_PATH}
+    LD_LIBRARY_PATH=${ROCM_PATH:+${ROCM_PATH}/lib${LD_LIBRARY_PATH:+:}}${LD_LIBRARY_PATH} \
+    ROCM_HOME=${ROCM_WHEELS:+${ROCM_PATH}} \
+    CMAKE_PREFIX_PATH=${ROCM_WHEELS:+/opt/rocm-sdk/cmake}
 
 # Inputs arrive by COPY, never by RUN --mount=type=bind: buildah's layer cache keys on COPY'd
 # content but not on bind-mounted files, so a changed script or source would reuse a stale layer.
@@ -42,6 +48,9 @@ RUN sh /usr/local/libexec/rocwheels-provision toolchain
 COPY constraints/ /usr/local/share/rocwheels/constraints/
 RUN --mount=type=cache,target=/root/.cache/pip \
     PYTHON_VERSIONS="${PYTHON_VERSIONS}" sh /usr/local/libexec/rocwheels-provision pythons
+
+RUN --mount=type=cache,target=/root/.cache/pip \
+    ROCM_WHEELS="${ROCM_WHEELS}" ROCM_WHEELS_INDEX_URL="${ROCM_WHEELS_INDEX_URL}" sh /usr/local/libexec/rocwheels-provision rocm-wheels
 
 # Last, because it changes most often: rocwheels itself, for the repair step inside the container.
 COPY rocwheels/ /usr/local/src/rocwheels/

@@ -1,9 +1,9 @@
-"""The one adapter to auditwheel: running its repair, reading its verdicts, explaining its failures.
+"""The one adapter to auditwheel: its verdict on a wheel, its repair, and its failures explained.
 
-auditwheel decides what is grafted and which platform tag a wheel earns; rocwheels asks it through
-its library API where one exists (``auditwheel.lddtree``) and runs its command line for the
-repair itself. Its English output is read here and nowhere else, for the auditwheel versions
-``pyproject.toml`` allows.
+auditwheel decides what is grafted and which platform tag a wheel earns. rocwheels asks it through
+its library API (``wheel_abi.analyze_wheel_abi``, its policies, ``lddtree``) and runs its command
+line only where something must be grafted. Its English output is read here and nowhere else, for
+the auditwheel versions ``pyproject.toml`` allows.
 """
 
 from __future__ import annotations
@@ -14,9 +14,13 @@ import re
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from auditwheel.error import NonPlatformWheelError, WheelToolsError
 from auditwheel.lddtree import ldd
+from auditwheel.wheel_abi import analyze_wheel_abi
+from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
 from . import cmd
 from .errors import RocwheelsError
@@ -31,9 +35,6 @@ from .errors import RocwheelsError
 ZIP_LEVEL = 1
 
 _MISSING = re.compile(r'required library "(?P<library>[^"]+)" could not be located')
-_LEGACY_POLICIES = {"manylinux1": (2, 5), "manylinux2010": (2, 12), "manylinux2014": (2, 17)}
-_POLICY_TAG = re.compile(r"^(?P<family>manylinux|musllinux)_(?P<major>\d+)_(?P<minor>\d+)_(?P<arch>.+)$")
-_LEGACY_TAG = re.compile(r"^(?P<legacy>manylinux1|manylinux2010|manylinux2014)_(?P<arch>.+)$")
 _FIX_MISSING = (
     "exclude {library} in the recipe's [repair] exclude if the target machine provides it, "
     "or install it in the builder (or put its folder on LD_LIBRARY_PATH) so it is grafted"
@@ -51,6 +52,71 @@ def tool_env() -> dict[str, str]:
     scripts folder is not on PATH unless that environment is activated.
     """
     return {"PATH": os.pathsep.join(filter(None, (sysconfig.get_path("scripts"), os.environ.get("PATH"))))}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What auditwheel says of a wheel: the platform tag it earns, and what its repair would change."""
+
+    tag: str  # PEP 600 spelling: manylinux_2_28_x86_64
+    # member -> sonames auditwheel would graft into it (or, for libpython, drop); empty: nothing to do
+    grafts: dict[str, tuple[str, ...]]
+
+
+def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds) -> Verdict:
+    """auditwheel's verdict on ``wheel`` (whose ELF ``members`` are listed), as ``repair --plat`` sees it."""
+    try:
+        architecture = get_wheel_architecture(wheel.name)
+    except (WheelToolsError, NonPlatformWheelError):
+        architecture = None
+    try:
+        libc = get_wheel_libc(wheel.name)
+    except WheelToolsError:
+        libc = None
+    base = plat.removesuffix(f"_{architecture.value}") if plat and architecture else plat
+    try:
+        abi = analyze_wheel_abi(libc, architecture, wheel, frozenset(excludes), disable_isa_ext_check=False,
+                                allow_graft=True, requested_policy_base_name=base or "auto")
+    except NonPlatformWheelError:
+        raise _no_compiled_code(wheel) from None
+    except RuntimeError as exc:
+        raise (_purelib(wheel) if "purelib" in str(exc) else _failed(wheel, str(exc), None)) from None
+    policies = abi.policies
+    if plat:
+        try:
+            policy = policies.get_policy_by_name(plat)
+        except LookupError:
+            raise RocwheelsError(f"cannot repair {wheel.name}: auditwheel knows no platform {plat!r}",
+                                 fix="set the lock line's platform to a tag such as manylinux_2_28_x86_64") from None
+    elif abi.overall_policy == policies.linux:
+        # Only a missing library (reported below) may still lead to a manylinux tag. Contents that
+        # allow linux_* only must not get auditwheel's automatic fallback, its newest manylinux tag.
+        policy = policies.lowest
+    else:
+        policy = abi.overall_policy
+    if policy > abi.sym_policy:
+        raise _too_recent(wheel)
+    for limit, why in ((abi.ucs_policy, "it was built against a UCS2 Python"),
+                       (abi.blacklist_policy, "it uses black-listed symbols"),
+                       (abi.machine_policy, "it uses ISA extensions the platform does not allow")):
+        if policy > limit:
+            raise RocwheelsError(f"cannot repair {wheel.name} to {policy.name}: {why}",
+                                 fix="drop the plat setting, or rebuild in the line's builder image")
+    grafts: dict[str, tuple[str, ...]] = {}
+    for path, references in abi.full_external_refs.items():
+        libraries = references[policy.name].libs
+        missing = [soname for soname, found in libraries.items() if found is None and not soname.startswith("libpython")]
+        if missing:
+            raise _missing(wheel, missing[0], who_needs)
+        if libraries:
+            grafts[_member(path, members)] = tuple(libraries)
+    return Verdict(policy.name, grafts)
+
+
+def _member(path: Path, members: Sequence[str]) -> str:
+    """The member name of a file auditwheel unpacked (it names them relative to its folder)."""
+    text = path.as_posix()
+    return next(name for name in members if text == name or text.endswith(f"/{name}"))
 
 
 def repair(
@@ -79,63 +145,54 @@ def repair(
     return wheels[0]
 
 
-def one_platform_tag(before: Sequence[str], after: Sequence[str]) -> str:
-    """The one tag to keep of the pile auditwheel leaves (old tags plus every one it assigned).
-
-    Of the tags auditwheel added, the highest policy: the one asked for with ``plat``, else the
-    one it found. It is spelled the PEP 600 way (manylinux2014 -> manylinux_2_17).
-    """
-    added = [tag for tag in after if tag not in before] or list(after)
-    ranked = [(version, normal) for version, normal in map(_policy, added) if version]
-    if not ranked:
-        raise RocwheelsError(
-            f"auditwheel assigned no manylinux/musllinux tag (tags: {'.'.join(after)})",
-            fix="check the auditwheel output in the log; pass plat only with a manylinux tag",
-        )
-    return max(ranked)[1]
-
-
-def _policy(tag: str) -> tuple[tuple[int, int] | None, str]:
-    legacy = _LEGACY_TAG.match(tag)
-    if legacy:
-        major, minor = _LEGACY_POLICIES[legacy["legacy"]]
-        return (major, minor), f"manylinux_{major}_{minor}_{legacy['arch']}"
-    policy = _POLICY_TAG.match(tag)
-    if policy:
-        return (int(policy["major"]), int(policy["minor"])), tag
-    return None, tag
-
-
 def _explain(output: str, raw_wheel: Path, log_file: Path | None, who_needs: WhoNeeds) -> RocwheelsError:
     """Turn a failed auditwheel run into an error naming the library, the file and the fix."""
     missing = _MISSING.search(output)
     if missing:
-        library = missing["library"]
-        return RocwheelsError(
-            f"cannot repair {raw_wheel.name}: library {library!r} could not be found on this machine; "
-            f"{_needed_by(library, who_needs())}",
-            fix=_FIX_MISSING.format(library=library),
-        )
+        return _missing(raw_wheel, missing["library"], who_needs)
     if "too-recent versioned symbols" in output:
-        return RocwheelsError(
-            f"cannot repair {raw_wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows",
-            fix="drop the plat setting (auditwheel then picks the tag the symbols allow), or build in an older builder image",
-        )
+        return _too_recent(raw_wheel)
     if "does not look like a platform wheel" in output:
-        return RocwheelsError(
-            f"cannot repair {raw_wheel.name}: it contains no compiled code",
-            fix="a pure-Python wheel needs no repair; check that the build compiled the extension",
-        )
+        return _no_compiled_code(raw_wheel)
     if "in purelib folder" in output:
-        return RocwheelsError(
-            f"cannot repair {raw_wheel.name}: it puts shared libraries into purelib (Root-Is-Purelib: true)",
-            fix="declare the extension to the build backend (ext_modules, or a binary distribution) so the wheel is platlib",
-        )
-    last = next((line.strip() for line in reversed(output.splitlines()) if line.strip()), "no output")
+        return _purelib(raw_wheel)
+    return _failed(raw_wheel, cmd.tail(output, 15).rstrip() or "no output", log_file)
+
+
+def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:
+    return RocwheelsError(
+        f"cannot repair {wheel.name}: library {library!r} could not be found on this machine; "
+        f"{_needed_by(library, who_needs())}",
+        fix=_FIX_MISSING.format(library=library),
+    )
+
+
+def _too_recent(wheel: Path) -> RocwheelsError:
+    return RocwheelsError(
+        f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows",
+        fix="drop the plat setting (auditwheel then picks the tag the symbols allow), or build in an older builder image",
+    )
+
+
+def _no_compiled_code(wheel: Path) -> RocwheelsError:
+    return RocwheelsError(
+        f"cannot repair {wheel.name}: it contains no compiled code",
+        fix="a pure-Python wheel needs no repair; check that the build compiled the extension",
+    )
+
+
+def _purelib(wheel: Path) -> RocwheelsError:
+    return RocwheelsError(
+        f"cannot repair {wheel.name}: it puts shared libraries into purelib (Root-Is-Purelib: true)",
+        fix="declare the extension to the build backend (ext_modules, or a binary distribution) so the wheel is platlib",
+    )
+
+
+def _failed(wheel: Path, reason: str, log_file: Path | None) -> RocwheelsError:
     where = f" (full output: {log_file})" if log_file else ""
     return RocwheelsError(
-        f"auditwheel could not repair {raw_wheel.name}{where}: {last}",
-        fix="read the auditwheel output above; rerun the logged command by hand to investigate",
+        f"auditwheel could not repair {wheel.name}{where}; its last lines:\n{reason}",
+        fix="rerun the logged auditwheel command by hand to investigate",
     )
 
 

@@ -17,12 +17,14 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
+from .cache import RemoteCache, SccacheServer, remote_cache
 from .cmd import run
 from .errors import RocwheelsError
 from .layout import Layout, fresh_dir
 from .log import recipe_logger
-from .plan import Step
-from .sources import prepare_source
+from .plan import Plan, Step
+from .rocm_wheels import rocm_sdk_env
+from .sources import fetch_build_wheels, prepare_source
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,12 @@ class BuiltWheel:
         return (self.path, *self.more)
 
 
-def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None) -> BuiltWheel:
-    """Build one recipe on this host: clean work folder, build venv, pre-build steps, pypa/build."""
+def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None,
+                cache: RemoteCache | None = None) -> BuiltWheel:
+    """Build one recipe on this host: clean work folder, build venv, pre-build steps, pypa/build.
+
+    With a remote ``cache``, every compilation goes through an sccache server of this build.
+    """
     logger = recipe_logger(step.name)
     started = time.monotonic()
     log_file = start_log(step, layout, "on this host")
@@ -49,19 +55,41 @@ def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] 
     source = prepare_source(step.recipe, layout.recipes_dir, work / "src", log_file=log_file, logger=logger)
     venv = _build_venv(step, layout, work / "venv", log_file, logger)
     env = {**step.env, "VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if step.rocm_wheels:
+        env = {**env, **rocm_sdk_env(venv / "bin" / "rocm-sdk", env["PATH"], log_file=log_file)}
 
-    for command in step.pre:
-        run(["bash", "-euo", "pipefail", "-c", command], cwd=source, env=env, log_file=log_file, logger=logger, on_output=on_output)
-    dist = work / "dist"
-    run([venv / "bin" / "python", "-m", "build", *step.build_args, "--outdir", dist, source],
-        env=env, log_file=log_file, logger=logger, on_output=on_output)
+    server = SccacheServer(cache, work / "sccache", base_dir=layout.work_dir) if cache else None
+    note = ""
+    if server:
+        env.update(server.start())
+    try:
+        for command in step.pre:
+            run(["bash", "-euo", "pipefail", "-c", command], cwd=source, env=env, log_file=log_file, logger=logger, on_output=on_output)
+        dist = work / "dist"
+        run([venv / "bin" / "python", "-m", "build", *step.build_args, "--outdir", dist, source],
+            env=env, log_file=log_file, logger=logger, on_output=on_output)
+    finally:
+        if server:
+            note = server.stop()
 
     wheel = _the_wheel(step, dist, log_file)
     final = fresh_dir(layout.raw(step.name)) / wheel.name
     shutil.move(wheel, final)
     seconds = time.monotonic() - started
-    logger.info("built %s in %.0f s", final.name, seconds)
-    return BuiltWheel(step.name, final, log_file, seconds)
+    logger.info("built %s in %.0f s%s", final.name, seconds, f" ({note})" if note else "")
+    return BuiltWheel(step.name, final, log_file, seconds, note=note)
+
+
+def local_driver_for(plan: Plan) -> Callable[[Step, Layout, Callable[[str], None]], BuiltWheel]:
+    """The local build driver for ``plan``: through the shared compiler cache when one is configured."""
+    cache = remote_cache(plan.line_name)
+    if cache:
+        recipe_logger("sccache").info("compiler cache: %s", cache.location)
+
+    def drive(step: Step, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
+        return build_local(step, layout, on_output=on_output, cache=cache)
+
+    return drive
 
 
 def start_log(step: Step, layout: Layout, where: str) -> Path:
@@ -83,6 +111,13 @@ def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: 
     if step.constraints:
         # The line's locked build environment, every file hash-checked; what follows is satisfied by it.
         run([*pip, "--require-hashes", "--no-deps", "-r", step.constraints], log_file=log_file, logger=logger)
+    build_wheels = fetch_build_wheels(step.recipe, layout.recipes_dir, logger)
+    if build_wheels:
+        # Prebuilt wheels the package is built against (hash-checked when fetched). No bytecode:
+        # a throwaway venv, and torch's thousands of modules would take minutes to compile.
+        run([*pip, "--no-compile", *build_wheels], log_file=log_file, logger=logger)
+    if step.rocm_wheels:
+        run([*pip, "--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build], log_file=log_file, logger=logger)
     pins = [f"{name}=={version}" for name, version in step.dependencies]
     links = ["--find-links", layout.wheelhouse] if pins else []
     run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)

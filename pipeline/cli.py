@@ -25,7 +25,7 @@ from .plan import (
     wheel_origin,
     wheel_version,
 )
-from .recipes import load_recipes
+from .recipes import LOCK_FILE, load_recipes
 from .targets import parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -50,6 +50,8 @@ def target_options(command):
                            help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
     command = click.option("--jobs", type=click.IntRange(min=1), default=None, envvar="ROCWHEELS_JOBS",
                            help="parallel compile jobs ({jobs} in recipes); default: this machine's cores")(command)
+    command = click.option("--python", default=None, envvar="ROCWHEELS_PYTHON",
+                           help="build for this one of the line's Python versions (X.Y; one CI job each); default: all")(command)
     return command
 
 
@@ -128,18 +130,19 @@ def lock_pin(obj: Context, rocm: str | None, refresh: bool, engine_name: str | N
 @target_options
 @click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="the plan as JSON, for machines (CI)")
-def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, as_json: bool) -> None:
+def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
+                 as_json: bool) -> None:
     """Print the ordered build steps with their environment and commands; runs nothing."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     click.echo(json.dumps(plan_document(plan), indent=2) if as_json else describe(plan))
 
 
 @cli.command("build")
 @target_options
 @click.pass_obj
-def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None) -> None:
+def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
         built = build(step, obj.layout, lambda line: None)
@@ -155,13 +158,20 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 @cli.command("wheels")
 @target_options
 @click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
+@click.option("--from-index", default=None, envvar="ROCWHEELS_REUSE_INDEX",
+              help="PEP 503 simple URL holding wheels with provenance records (rocwheels index build): take the exact builds from there")
 @click.pass_obj
-def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, force: bool) -> None:
+def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
+                   force: bool, from_index: str | None) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from .wheels import make_wheels, summary_table
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     with wheelhouse_lock(obj.layout.wheelhouse):
+        if from_index and not force:
+            from .ci import fetch_from_index
+
+            fetch_from_index(plan, obj.layout, from_index)
         outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
@@ -178,16 +188,21 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
 @click.option("--rpath", multiple=True, help="extra RPATH entry to keep (repeatable)")
 @click.option("--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)")
 @click.option("--requires-pin", multiple=True, help="exact requirement METADATA must carry, e.g. 'torch==2.14.1+rocm7.2' (repeatable)")
+@click.option("--rocm-provider", type=click.Choice(["system", "wheels"]), default=None,
+              help="wheels: ROCm from pip packages (TheRock), reached by $ORIGIN RPATHs (default: the lock line's)")
 @click.pass_obj
 def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | None, rocm: str | None, rocm_lib_dir: str | None,
                    exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None,
-                   requires_pin: tuple[str, ...]) -> None:
+                   requires_pin: tuple[str, ...], rocm_provider: str | None) -> None:
     """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
 
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
     the options given (inside the builder container only the options apply).
     """
+    from dataclasses import replace
+
     from .repair import RepairSettings, repair_wheel
+    from .rocm_wheels import package_links
 
     output = (wheel_dir or obj.layout.wheelhouse).resolve()
     with wheelhouse_lock(output):
@@ -197,6 +212,9 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
                 excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
                 rocm_lib_dir=rocm_lib_dir, plat=plat,
             )
+            if rocm_provider == "wheels":
+                links = tuple(dict.fromkeys((*settings.link_packages, *package_links())))
+                settings = replace(settings, rocm_lib_dir=None, link_packages=links)
             click.echo(str(repair_wheel(wheel, output, settings)))
 
 
@@ -246,13 +264,12 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
     from rich.console import Console
 
-    from .analyze import TargetLayout
-    from .inspection import inspect_wheel, render
+    from .inspection import either_provider, inspect_wheel, render
 
     # Piped output keeps whole library names rather than folding them at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     for wheel in _wheel_paths(wheels):
-        render(inspect_wheel(wheel, TargetLayout(rocm_lib_dir=rocm_lib_dir)), console)
+        render(inspect_wheel(wheel, either_provider(rocm_lib_dir)), console)
 
 
 @cli.command("publish")
@@ -278,24 +295,43 @@ def index_group() -> None:
 
 
 @index_group.command("build")
-@click.option("--hashes/--no-hashes", default=True, show_default=True,
-              help="sha256 per wheel in constraints-<line>.txt (pip then checks hashes for the whole install)")
 @click.pass_obj
-def index_build(obj: Context, hashes: bool) -> None:
-    """Write wheelhouse/simple/<line>/ (PEP 503) and wheelhouse/constraints-<line>.txt."""
-    from .index import build_static_index, check_pinnable, wheels_by_label, write_constraints
+def index_build(obj: Context) -> None:
+    """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
+    requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
+    from .index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
+    from .rocm_wheels import constraint_pins
 
     aliases = label_aliases(obj.layout)
     if not obj.layout.wheelhouse.is_dir():
         raise InputError(f"no wheelhouse at {obj.layout.wheelhouse}",
                          fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse")
+    lock_lines = lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values() if (obj.layout.recipes_dir / LOCK_FILE).is_file() else ()
+    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
     with wheelhouse_lock(obj.layout.wheelhouse):
         lines = wheels_by_label(obj.layout.wheelhouse, aliases)
-        check_pinnable(lines)  # before the new index is swapped in: index and constraints change together
+        check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
         for root in build_static_index(obj.layout.wheelhouse, lines):
             click.echo(f"index: {root}/")
-        for path in write_constraints(obj.layout.wheelhouse, lines, hashes=hashes):
+        for path in write_constraints(obj.layout.wheelhouse, lines, rocm_pins=rocm_pins):
             click.echo(f"constraints: {path}")
+        for path in write_requirements(obj.layout.wheelhouse, lines):
+            click.echo(f"requirements: {path}")
+
+
+@index_group.command("mirror")
+@click.option("--rocm", "line_name", required=True, help="a lock line with rocm_provider = \"wheels\"")
+@click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True,
+              help="the folder the private index serves (rocwheels serve --packages)")
+@click.option("--with-build", is_flag=True, help="also the builder's packages (the devel extra), for builders without internet")
+@click.pass_obj
+def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool) -> None:
+    """Copy a `wheels` line's ROCm wheels from AMD's index into the private index."""
+    from .rocm_wheels import mirror
+
+    line = lockmod.load_lock(obj.layout.recipes_dir).line(line_name)
+    for wheel in mirror(line_name, line, packages, with_build=with_build):
+        click.echo(f"mirrored: {wheel}")
 
 
 @index_group.command("add-user")
@@ -338,6 +374,36 @@ def demo_command(obj: Context, arch: str | None) -> None:
     for step in steps:
         table.add_row(step.name, step.result, f"{step.seconds:.1f} s" if step.seconds else "")
     Console().print(table)
+
+
+@cli.group("ci")
+def ci_group() -> None:
+    """The CI job: the build matrix for .github/workflows/wheels.yml and .gitlab-ci.yml."""
+
+
+@ci_group.command("matrix")
+@click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")
+@click.option("--arch", default=None, envvar="ROCWHEELS_ARCH", help="GPU targets (default: every target of the line)")
+@click.option("--recipes", default=None, help="recipes, comma separated (default: all in the line); dependencies are added")
+@click.option("--driver", type=click.Choice(DRIVERS), default="container", envvar="ROCWHEELS_DRIVER", show_default=True)
+@click.option("--format", "output_format", type=click.Choice(("json", "github", "gitlab")), default="json", show_default=True,
+              help="github: key=value lines for $GITHUB_OUTPUT; gitlab: the child pipeline")
+@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="write there instead of stdout (github: appended, as $GITHUB_OUTPUT wants)")
+@click.pass_obj
+def ci_matrix_command(obj: Context, rocm: str | None, arch: str | None, recipes: str | None, driver: str, output_format: str,
+                      output: Path | None) -> None:
+    """The line's recipe x Python jobs in dependency stages, from the same plan as `make wheels`."""
+    from .ci import ci_matrix, render
+
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
+    matrix = ci_matrix(plan_document(plan))
+    text = render(matrix, output_format, arch=";".join(matrix.targets), recipes=recipes)
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        with output.open("a" if output_format == "github" else "w", encoding="utf-8") as sink:
+            sink.write(text)
 
 
 @cli.group("image")
@@ -403,13 +469,14 @@ def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) 
 @cli.command("doctor")
 @click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets the wheels are built for (checked against this host's GPUs)")
 @click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line to compare the host's ROCm with")
+@engine_option
 @click.pass_obj
-def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
+def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name: str | None) -> None:
     """Check this host: container engine, GPU devices and groups, GPUs vs ARCH, ROCm vs the lock line."""
     from .doctor import format_check, run_doctor
 
     line = lockmod.load_lock(obj.layout.recipes_dir).line(rocm) if rocm else None
-    checks = run_doctor(arch, line, line_name=rocm)
+    checks = run_doctor(arch, line, line_name=rocm, engine=engine_name)
     for check in checks:
         click.echo(format_check(check))
     if any(check.ok is False for check in checks):
@@ -418,9 +485,9 @@ def doctor_command(obj: Context, arch: str | None, rocm: str | None) -> None:
 
 def driver_for(driver: str, plan: Plan, layout: Layout):
     if driver == "local":
-        from .wheels import local_driver
+        from .build import local_driver_for
 
-        return local_driver
+        return local_driver_for(plan)
     from .container import container_driver
 
     return container_driver(plan, layout)

@@ -19,7 +19,7 @@ from .errors import CommandError
 
 log = logging.getLogger("rocwheels")
 
-# How many trailing output lines a failure message quotes when the full output went to a log file.
+# How many trailing output lines a failure message quotes (the whole output is in the log file, if any).
 _TAIL_LINES = 40
 
 
@@ -63,7 +63,7 @@ def run(
         returncode = proc.returncode
     else:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        tail: deque[str] = deque(maxlen=_TAIL_LINES)
+        last_lines: deque[str] = deque(maxlen=_TAIL_LINES)
         with log_file.open("a", encoding="utf-8") as sink:
             sink.write(f"+ {shown}\n")
             sink.flush()
@@ -81,7 +81,7 @@ def run(
                 for line in proc.stdout:
                     line = _mask(line, redact)
                     sink.write(line)
-                    tail.append(line)
+                    last_lines.append(line)
                     if on_output is not None:
                         on_output(line)
                 returncode = proc.wait()
@@ -90,10 +90,16 @@ def run(
                 _stop(proc)
                 raise
             sink.write(f"# exit code {returncode}\n")
-        output = "".join(tail)
+        output = "".join(last_lines)
     if check and returncode != 0:
-        raise CommandError(shown, returncode, log_file, output)
+        raise CommandError(shown, returncode, log_file, tail(output))
     return Result(returncode, output)
+
+
+def tail(output: str, lines: int = _TAIL_LINES) -> str:
+    """The last ``lines`` lines of a command's output: what a failure message quotes, so the user
+    sees why a tool failed even when its output was captured rather than shown."""
+    return "".join(output.splitlines(keepends=True)[-lines:])
 
 
 def _stop(proc: subprocess.Popen) -> None:

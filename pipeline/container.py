@@ -16,11 +16,15 @@ Per recipe, the steps a person would take by hand:
    them (pipeline/wheels.py).
 
 The compiler cache is a host folder (``ROCWHEELS_CCACHE_DIR``, default
-``~/.cache/rocwheels/ccache``) mounted into every build container, so it outlives them.
+``~/.cache/rocwheels/ccache``) mounted into every build container, so it outlives them; or, when
+``ROCWHEELS_SCCACHE`` names a shared remote cache (pipeline/cache.py), sccache in the container
+(the image's rocwheels brings it) talking to that cache, its statistics printed before each
+smoke test.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -34,6 +38,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from .build import BuiltWheel, accepted_wheels, start_log
+from .cache import SCCACHE_VARIABLES, RemoteCache, remote_cache, sccache_note
 from .cmd import run
 from .engine import Engine, detect_engine
 from .errors import RocwheelsError
@@ -61,6 +66,11 @@ CCACHE_HIPCC = "/tmp/rocwheels-ccache/hipcc"
 # The repair command prints the compiler cache statistics between these lines.
 STATS_BEGIN = "rocwheels: ccache statistics"
 STATS_END = "rocwheels: end of ccache statistics"
+# With a shared remote cache: the wrapper HIPCC points at, and sccache's statistics (JSON, printed
+# by smoke.sh, which cibuildwheel runs right after the repair) between these lines.
+SCCACHE_HIPCC = "/tmp/rocwheels-sccache/hipcc"
+SCCACHE_BEGIN = "rocwheels: sccache statistics"
+SCCACHE_END = "rocwheels: end of sccache statistics"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # `ccache --print-stats` (ccache 4) prints "key<TAB>value"; ccache 3 (EPEL 8, the ROCm EL8
@@ -103,6 +113,8 @@ def builder_image(line_name: str, line: Line, engine: Engine, *, recipes_dir: Pa
         # All the line's targets, not one run's: a new ARCH must not rebuild the image (each
         # recipe passes its own targets into the container).
         rocm_path=line.rocm_path, rocm_archs=line.targets, log_file=log_file,
+        rocm_wheels=line.rocm_wheels.build if line.rocm_wheels else (),
+        rocm_wheels_index_url=line.rocm_wheels.index_url if line.rocm_wheels else "",
     )
 
 
@@ -115,6 +127,7 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
     require_pinned(plan.line_name, plan.line, layout.recipes_dir)
     engine = engine or detect_engine()
     gpu = gpu_present()
+    shared = remote_cache(plan.line_name)
     image: str | None = None
 
     def drive(step: Step, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
@@ -127,12 +140,12 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
 
         project = fresh_dir(layout.recipe_work(step.name)) / "src"
         package = prepare_source(step.recipe, layout.recipes_dir, project, log_file=log_file, logger=logger)
-        _stage_helpers(project / HELPERS, step, layout, gpu)
+        _stage_helpers(project / HELPERS, step, layout, gpu, shared)
         raw = fresh_dir(layout.raw(step.name))
         cache = ccache_dir()
         cache.mkdir(parents=True, exist_ok=True)
 
-        settings = cibuildwheel_env(plan, step, engine=engine, image=image, ccache=cache, gpu=gpu)
+        settings = cibuildwheel_env(plan, step, engine=engine, image=image, ccache=cache, gpu=gpu, shared=shared)
         # --config-file: the recipe alone decides the build; a [tool.cibuildwheel] table in the
         # project's pyproject.toml (test-requires, before-all ...) would otherwise add to it.
         run(
@@ -141,7 +154,8 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
         )
 
         wheels = _one_per_python(step, plan, raw, log_file)
-        note = ccache_note(log_file.read_text(encoding="utf-8", errors="replace"))
+        log_text = log_file.read_text(encoding="utf-8", errors="replace")
+        note = sccache_log_note(log_text, shared) if shared else ccache_note(log_text)
         seconds = time.monotonic() - started
         logger.info("built %s in %.0f s (%s)", ", ".join(w.name for w in wheels), seconds, note)
         return BuiltWheel(step.name, wheels[0], log_file, seconds, repaired=True, note=note, more=tuple(wheels[1:]))
@@ -149,7 +163,8 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
     return drive
 
 
-def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccache: Path, gpu: bool) -> dict[str, str]:
+def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccache: Path, gpu: bool,
+                     shared: RemoteCache | None = None) -> dict[str, str]:
     """The environment for cibuildwheel that builds ``step`` in ``image``: the driver's whole configuration.
 
     The recipe's variables reach the container through CIBW_ENVIRONMENT_PASS_LINUX, which copies
@@ -165,30 +180,33 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
             f"{step.name}: environment variable name(s) {', '.join(map(repr, bad_names))} cannot be passed into the container",
             fix="use letters, digits and '_' in the recipe's [env] names",
         )
+    launcher = "sccache" if shared else "ccache"
     defaults = {
         "HIP_PLATFORM": "amd",
-        "CCACHE_DIR": CONTAINER_CCACHE,
-        "CMAKE_C_COMPILER_LAUNCHER": "ccache",
-        "CMAKE_CXX_COMPILER_LAUNCHER": "ccache",
-        "CMAKE_HIP_COMPILER_LAUNCHER": "ccache",
-        "HIPCC": CCACHE_HIPCC,
+        **({"SCCACHE_BASEDIRS": CONTAINER_PROJECT} if shared else {"CCACHE_DIR": CONTAINER_CCACHE}),
+        "CMAKE_C_COMPILER_LAUNCHER": launcher,
+        "CMAKE_CXX_COMPILER_LAUNCHER": launcher,
+        "CMAKE_HIP_COMPILER_LAUNCHER": launcher,
+        "HIPCC": SCCACHE_HIPCC if shared else CCACHE_HIPCC,
         # pip finds the depends_on wheels here: before the build, and in the smoke test's venv.
         **({"PIP_FIND_LINKS": f"{CONTAINER_PROJECT}/{HELPERS}/deps"} if step.dependencies else {}),
     }
-    create_args = [f"--volume={ccache}:{CONTAINER_CCACHE}"]
+    # The shared cache's settings and logins pass verbatim, like the recipe's variables.
+    passed = {**step.env, **(shared.env if shared else {}), **{key: os.environ[key] for key in SCCACHE_VARIABLES if shared and key in os.environ}}
+    create_args = [] if shared else [f"--volume={ccache}:{CONTAINER_CCACHE}"]
     if gpu:
         # The smoke test's gpu_code needs the GPU inside the container.
         create_args += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video"]
     # pypa/build: its --wheel comes from cibuildwheel, the rest (--no-isolation, the recipe's args) from the plan.
     frontend_args = [arg for arg in step.build_args if arg != "--wheel"]
     return {
-        **step.env,
+        **passed,
         "CIBW_PLATFORM": "linux",
         "CIBW_ARCHS": "x86_64",
         "CIBW_BUILD": " ".join(f"cp{version.replace('.', '')}-manylinux_x86_64" for version in line.python),
         "CIBW_MANYLINUX_X86_64_IMAGE": image,
         "CIBW_CONTAINER_ENGINE": f"{engine.name}; create_args: {shlex.join(create_args)}",
-        "CIBW_ENVIRONMENT_PASS_LINUX": " ".join(step.env),
+        "CIBW_ENVIRONMENT_PASS_LINUX": " ".join(passed),
         "CIBW_ENVIRONMENT": " ".join(f"{key}={shlex.quote(value)}" for key, value in defaults.items() if key not in step.env),
         "CIBW_BUILD_FRONTEND": f"build; args: {shlex.join(frontend_args)}" if frontend_args else "build",
         "CIBW_BEFORE_BUILD": f"bash {{project}}/{HELPERS}/before-build.sh {{package}}",
@@ -206,19 +224,30 @@ def repair_command(plan: Plan, step: Step) -> str:
     return f"{stats}; cd / && rocwheels repair {{wheel}} -w {{dest_dir}} {shlex.join(options)}"
 
 
-def before_build_script(step: Step) -> str:
+def before_build_script(step: Step, *, shared: bool = False) -> str:
     """``before-build.sh PACKAGE_DIR``: what runs in the container before each Python's build."""
     installs = [*step.recipe.build.requires, *(f"{name}=={version}" for name, version in step.dependencies)]
     lines = [
         "#!/bin/bash",
         f"# Written by rocwheels for {step.name} {step.wheel_version}; cibuildwheel runs it before each build.",
         "set -euxo pipefail",
-        "# Statistics of this build only: the repair command prints them.",
-        "ccache -z",
-        'ccache_bin=$(command -v ccache)',
-        f'mkdir -p {shlex.quote(os.path.dirname(CCACHE_HIPCC))}',
-        f'ln -sf "$ccache_bin" {shlex.quote(CCACHE_HIPCC)}',
     ]
+    if shared:
+        lines += [
+            "# Statistics of this build only (smoke.sh prints them); starts the container's sccache server.",
+            "sccache --zero-stats",
+            f'mkdir -p {shlex.quote(os.path.dirname(SCCACHE_HIPCC))}',
+            f'printf \'#!/bin/sh\\nexec sccache %s "$@"\\n\' "$(command -v hipcc)" > {shlex.quote(SCCACHE_HIPCC)}',
+            f"chmod +x {shlex.quote(SCCACHE_HIPCC)}",
+        ]
+    else:
+        lines += [
+            "# Statistics of this build only: the repair command prints them.",
+            "ccache -z",
+            'ccache_bin=$(command -v ccache)',
+            f'mkdir -p {shlex.quote(os.path.dirname(CCACHE_HIPCC))}',
+            f'ln -sf "$ccache_bin" {shlex.quote(CCACHE_HIPCC)}',
+        ]
     if step.constraints:
         # The line's locked build environment (staged beside this script), every file hash-checked.
         lines.append(f'python -m pip install --disable-pip-version-check --require-hashes --no-deps -r "$(dirname "$0")/{CONSTRAINTS}"')
@@ -230,10 +259,29 @@ def before_build_script(step: Step) -> str:
     return "\n".join(lines) + "\n"
 
 
-def smoke_script(smoke: Smoke, *, gpu: bool) -> str:
-    """``smoke.sh``: the recipe's smoke checks, in cibuildwheel's fresh venv holding the repaired wheel."""
-    lines = ["#!/bin/bash", "set -euxo pipefail", *(f"python -c {shlex.quote(snippet)}" for snippet in smoke.snippets(gpu=gpu))]
+def smoke_script(smoke: Smoke, *, gpu: bool, shared: bool = False) -> str:
+    """``smoke.sh``: the recipe's smoke checks, in cibuildwheel's fresh venv holding the repaired wheel
+    (first, with a shared cache, sccache's statistics of the build just done)."""
+    stats = [f"echo {shlex.quote(SCCACHE_BEGIN)}", "sccache --show-stats --stats-format json", f"echo {shlex.quote(SCCACHE_END)}"] if shared else []
+    lines = ["#!/bin/bash", "set -euxo pipefail", *stats, *(f"python -c {shlex.quote(snippet)}" for snippet in smoke.snippets(gpu=gpu))]
     return "\n".join(lines) + "\n"
+
+
+def sccache_log_note(log_text: str, shared: RemoteCache) -> str:
+    """The summary note from every sccache statistics block the smoke scripts logged (one per Python)."""
+    totals: dict[str, dict[str, dict[str, int]]] = {"cache_hits": {"counts": {}}, "cache_misses": {"counts": {}}}
+    blocks = re.findall(rf"^{re.escape(SCCACHE_BEGIN)}$(.*?)^{re.escape(SCCACHE_END)}$", log_text, re.M | re.S)
+    for block in blocks:
+        try:
+            stats = json.loads(block[block.index("{"):block.rindex("}") + 1])["stats"]
+        except (ValueError, KeyError):
+            continue
+        for key in totals:
+            for language, count in stats.get(key, {}).get("counts", {}).items():
+                totals[key]["counts"][language] = totals[key]["counts"].get(language, 0) + count
+    if not blocks:
+        return f"sccache: no statistics in the log ({shared.location})"
+    return sccache_note(totals, shared.location)
 
 
 def ccache_note(log_text: str) -> str:
@@ -260,7 +308,7 @@ def ccache_note(log_text: str) -> str:
     return "ccache: no compiler call went through ccache"
 
 
-def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool) -> None:
+def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool, shared: RemoteCache | None) -> None:
     deps = helpers / "deps"
     deps.mkdir(parents=True)
     for name, version in step.dependencies:
@@ -268,8 +316,8 @@ def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool) -> None
             shutil.copy2(wheel, deps)
     if step.constraints:
         shutil.copy2(step.constraints, helpers / CONSTRAINTS)
-    (helpers / "before-build.sh").write_text(before_build_script(step))
-    (helpers / "smoke.sh").write_text(smoke_script(step.recipe.smoke, gpu=gpu))
+    (helpers / "before-build.sh").write_text(before_build_script(step, shared=shared is not None))
+    (helpers / "smoke.sh").write_text(smoke_script(step.recipe.smoke, gpu=gpu, shared=shared is not None))
 
 
 def _one_per_python(step: Step, plan: Plan, raw: Path, log_file: Path) -> list[Path]:

@@ -78,7 +78,7 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
             with _timed(steps, "static index + constraints") as result:
                 lines = wheels_by_label(layout.wheelhouse)
                 roots = build_static_index(layout.wheelhouse, lines)
-                constraints = write_constraints(layout.wheelhouse, lines, hashes=False)
+                constraints = write_constraints(layout.wheelhouse, lines)
                 result.append(", ".join(p.name for p in (*roots, *constraints)))
             with _timed(steps, "install into a fresh venv") as result:
                 python = _fresh_venv(root / "venv")

@@ -11,6 +11,8 @@ import grp
 import os
 import re
 import shutil
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from .engine import Engine, _last_line, detect_engine
 from .errors import RocwheelsError
 from .host import host_rocm_version
 from .lock import Line
+from .rocm_wheels import torch_provider
 from .targets import parse_targets
 
 DEV = Path("/dev")
@@ -47,25 +50,38 @@ def format_check(check: Check) -> str:
     return f"{text}\n    fix: {check.fix}" if check.fix and check.ok is not True else text
 
 
-def run_doctor(arch: str | None, line: Line | None, *, line_name: str | None = None, dev: Path = DEV) -> list[Check]:
-    """Every host check; ``arch`` (an ARCH string) and ``line`` narrow what the GPU and ROCm checks expect."""
+def run_doctor(arch: str | None, line: Line | None, *, line_name: str | None = None, dev: Path = DEV, engine: str | None = None) -> list[Check]:
+    """Every host check; ``arch`` (an ARCH string) and ``line`` narrow what the GPU and ROCm checks expect,
+    ``engine`` (podman or docker) the engine checked."""
     wanted = tuple(t.processor for t in parse_targets(arch)) if arch else ()
     return [
-        engine_check(),
+        engine_check(engine),
         device_check(dev / "kfd"),
         render_nodes_check(dev / "dri"),
         groups_check(),
         gpu_targets_check(wanted),
         host_rocm_check(line, line_name),
+        installed_torch_check(),
     ]
 
 
-def engine_check() -> Check:
+def installed_torch_check(search_path: Sequence[str] = tuple(sys.path)) -> Check:
+    """Whether the torch of this Python takes ROCm from the machine or from ROCm wheels (TheRock)."""
+    found = torch_provider(search_path)
+    if found is None:
+        return Check("installed torch", None, "no torch in this Python environment")
+    provider, detail = found
+    return Check("installed torch", provider != "none", f"ROCm provider: {provider}: {detail}",
+                 None if provider != "none" else "install a ROCm build of torch (this one runs on the CPU or CUDA only)")
+
+
+def engine_check(only: str | None = None) -> Check:
     try:
-        engine = detect_engine()
+        engine = detect_engine(only)
     except RocwheelsError as exc:
         return Check("container engine", False, exc.message, exc.fix)
-    return Check("container engine", True, f"{engine.name} ({engine.argv_prefix[0]}) answers `info`")
+    where = f", DOCKER_HOST={os.environ['DOCKER_HOST']}" if engine.name == "docker" and os.environ.get("DOCKER_HOST") else ""
+    return Check("container engine", True, f"{engine.name} ({engine.argv_prefix[0]}{where}) answers `info`")
 
 
 def device_check(kfd: Path) -> Check:

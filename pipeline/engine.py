@@ -2,7 +2,9 @@
 
 Podman runs with the project's own settings (``docker/podman/*.conf``), so builds neither depend
 on nor change ``/etc/containers``; a user's own ``CONTAINERS_CONF`` / ``CONTAINERS_STORAGE_CONF``
-win over them.
+win over them. Docker is the engine ``DOCKER_HOST`` (or the client's context) points at; it must
+build with BuildKit (the builder's Dockerfile uses cache mounts): docker clients before 23 have
+it built in, later ones through the buildx plugin.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def detect_engine(only: str | None = None) -> Engine:
     and a podman whose runtime cannot start.
     """
     problems: list[str] = []
+    fixes: list[str] = []
     podman = shutil.which("podman") if only in (None, "podman") else None
     if podman:
         env = podman_env()
@@ -64,15 +67,30 @@ def detect_engine(only: str | None = None) -> Engine:
     docker = shutil.which("docker") if only in (None, "docker") else None
     if docker:
         result = run([docker, "info", "--format", "{{.ServerVersion}}"], check=False)
-        if result.returncode == 0:
-            return Engine("docker", (docker,), {})
-        problems.append(f"`{docker} info` reached no Docker engine: {_last_line(result.output)}")
+        if result.returncode != 0:
+            problems.append(f"`{docker} info` reached no Docker engine: {_last_line(result.output)}")
+        elif not _has_buildkit(docker):
+            problems.append(f"{docker} cannot build with BuildKit (no buildx plugin), which the builder image needs")
+            fixes.append("install Docker's buildx plugin (Debian/Ubuntu: `apt-get install -y docker-buildx`; Docker's own "
+                         "repository: docker-buildx-plugin)")
+        else:
+            # BuildKit for clients that still default to the legacy builder (before 23).
+            return Engine("docker", (docker,), {"DOCKER_BUILDKIT": "1"})
     if not problems:
         problems.append(f"{only} is not on PATH" if only else "neither podman nor docker is on PATH")
     raise RocwheelsError(
         "no working container engine for the builder image (" + "; ".join(problems) + ")",
-        fix=INSTALL_FIX,
+        fix="; or ".join([*fixes, INSTALL_FIX]),
     )
+
+
+def _has_buildkit(docker: str) -> bool:
+    """A buildx plugin, or a client from before 23, whose `build` has BuildKit built in."""
+    if run([docker, "buildx", "version"], check=False, quiet=True).returncode == 0:
+        return True
+    client = run([docker, "version", "--format", "{{.Client.Version}}"], check=False, quiet=True).output.strip()
+    major = client.split(".", 1)[0]
+    return major.isdigit() and int(major) < 23
 
 
 def podman_env() -> dict[str, str]:

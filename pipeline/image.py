@@ -42,6 +42,8 @@ def build_image(
     *,
     rocm_path: str = "/opt/rocm",
     rocm_archs: Sequence[str] = ("gfx90a", "gfx942"),
+    rocm_wheels: Sequence[str] = (),
+    rocm_wheels_index_url: str = "",
     log_file: Path | None = None,
     project_root: Path = PROJECT_ROOT,
 ) -> str:
@@ -50,7 +52,9 @@ def build_image(
     ``line_name`` is the ROCm release the image is for (the tag's prefix, e.g. ``7.1``);
     ``python_versions`` are ``X.Y`` strings laid out as ``/opt/python/cpXY-cpXY``;
     ``rocm_path`` is the ROCm prefix in the base, empty for a distribution's own ROCm packages
-    in ``/usr`` (Debian's clang then finds its device libraries itself).
+    in ``/usr`` (Debian's clang then finds its device libraries itself). ``rocm_wheels`` (pip
+    requirements, from ``rocm_wheels_index_url``) install ROCm from AMD's packages instead, linked
+    at ``rocm_path``.
     """
     if not _TAG_PREFIX.fullmatch(line_name):
         raise RocwheelsError(
@@ -68,6 +72,7 @@ def build_image(
         "ROCM_PATH": rocm_path,
         "PYTORCH_ROCM_ARCH": ";".join(rocm_archs),
         "PYTHON_VERSIONS": " ".join(python_versions),
+        **({"ROCM_WHEELS": " ".join(rocm_wheels), "ROCM_WHEELS_INDEX_URL": rocm_wheels_index_url} if rocm_wheels else {}),
     }
     with tempfile.TemporaryDirectory(prefix="rocwheels-image-") as tmp:
         context = Path(tmp)

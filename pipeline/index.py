@@ -7,12 +7,13 @@ another, so each line gets its own index tree (``simple/rocm6.2/``) and its own 
 from __future__ import annotations
 
 import html
+from html.parser import HTMLParser
 import logging
 import os
 import shutil
 import tempfile
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -168,26 +169,44 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: bool = True) -> tuple[Path, ...]:
+def write_constraints(wheelhouse: Path, lines: Lines | None = None, *,
+                      rocm_pins: Mapping[str, tuple[str, ...]] | None = None) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
-    With ``hashes`` every pin also lists the sha256 of each of its wheel files, so pip (26.x
-    verified) takes only these exact files. Any hash switches pip into hash-checking mode for the
-    whole install, though: a dependency fetched from elsewhere without a hash is then refused.
-    ``hashes=False`` writes pins only, which still keep a higher version from another index out.
+    Pins only, no hashes: every pip takes them (pip before 26.1 refuses a constraints file with
+    hashes), and exact pins keep a higher version or a non-ROCm build from another index out.
+    ``rocm_pins`` (label -> pins) add a ``wheels`` line's ROCm packages, which come from AMD's index
+    (or a mirror) and are pinned by version only.
     """
+    return _write_pin_files(wheelhouse, lines, _constraints_name, hashes=False, rocm_pins=rocm_pins or {})
+
+
+def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
+    """Write ``wheelhouse/requirements-<label>.txt`` per ROCm line: the same pins, each with the
+    sha256 of every one of its wheel files, for ``pip install --require-hashes -r`` (any pip):
+    only these exact files install, not another file published elsewhere under the same version.
+    """
+    return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True, rocm_pins={})
+
+
+def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[[str], str], *, hashes: bool,
+                     rocm_pins: Mapping[str, tuple[str, ...]]) -> tuple[Path, ...]:
     written = []
     lines = lines if lines is not None else wheels_by_label(wheelhouse)
     check_pinnable(lines)
     for label, wheels in lines.items():
         pins = _by_project(wheels)
-        text = [f"# {label} wheels built by rocwheels; use: pip install -c {_constraints_name(label)} ..."]
+        use = (f"pip install --require-hashes --no-deps -r {file_name(label)}" if hashes
+               else f"pip install -c {file_name(label)} ...")
+        text = [f"# {label} wheels built by rocwheels; use: {use}"]
         for project, files in sorted(pins.items()):
             pin = f"{project}=={files[0].version}"
             if hashes:
                 pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
             text.append(pin)
-        path = wheelhouse / _constraints_name(label)
+        if rocm_pins.get(label):
+            text += ["# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", *rocm_pins[label]]
+        path = wheelhouse / file_name(label)
         pending = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
         try:
             pending.write_text("\n".join(text) + "\n", encoding="utf-8")
@@ -195,7 +214,7 @@ def write_constraints(wheelhouse: Path, lines: Lines | None = None, *, hashes: b
         except BaseException:
             pending.unlink(missing_ok=True)
             raise
-        log.info("constraints %s: %d pins -> %s", label, len(pins), path)
+        log.info("%s: %d pins -> %s", path.name, len(pins), path)
         written.append(path)
     return tuple(written)
 
@@ -214,3 +233,25 @@ def check_pinnable(lines: Lines) -> None:
 
 def _constraints_name(label: str) -> str:
     return f"constraints-{label}.txt"
+
+
+def _requirements_name(label: str) -> str:
+    return f"requirements-{label}.txt"
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.hrefs.append(href)
+
+
+def page_links(page: str) -> list[str]:
+    """The ``<a href>`` targets of a PEP 503 project page, in order."""
+    anchors = _Anchors()
+    anchors.feed(page)
+    return anchors.hrefs

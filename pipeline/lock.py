@@ -11,8 +11,9 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import AfterValidator, field_validator, model_validator
@@ -31,8 +32,44 @@ _LOCAL_IMAGE = "localhost/"
 UNVERIFIED = "unverified"
 
 
+class RocmWheels(Model):
+    """Where a ``wheels`` line's ROCm comes from: pip packages (AMD's TheRock) and their index."""
+
+    # Installed into the builder (compiler, headers, CMake files: the devel extra).
+    build: tuple[str, ...]
+    # Declared in Requires-Dist of every wheel built on the line (the run-time libraries).
+    requires: tuple[str, ...]
+    index_url: str
+    source: str
+
+    @field_validator("build", "requires")
+    @classmethod
+    def _requirements(cls, requirements: tuple[str, ...]) -> tuple[str, ...]:
+        if not requirements:
+            raise ValueError('name at least one ROCm package, such as "rocm[libraries]==10.0.*"')
+        for requirement in requirements:
+            try:
+                parsed = Requirement(requirement)
+            except InvalidRequirement:
+                raise ValueError(f'{requirement!r} is not a pip requirement such as "rocm[libraries]==10.0.*"') from None
+            if not parsed.specifier:
+                raise ValueError(f'{requirement!r} has no version: pin it, e.g. "{parsed.name}==10.0.*" (an unpinned ROCm moves under the wheels)')
+        return requirements
+
+    @field_validator("index_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        if not re.match(r"^(https?|file)://[^\s]+$", url):
+            raise ValueError(f"{url!r} is not an index URL (http://, https:// or file://)")
+        return url
+
+
 class Line(Model):
     rocm: str
+    # "system": ROCm is installed on the machine (rocm_lib_dir); "wheels": it comes from pip
+    # packages (rocm_wheels) that wheels of this line find through $ORIGIN-relative RPATHs.
+    rocm_provider: Literal["system", "wheels"] = "system"
+    rocm_wheels: RocmWheels | None = None
     builder_image: str
     image_source: str
     python: tuple[str, ...]
@@ -58,6 +95,12 @@ class Line(Model):
         # and the container driver refuses it until it is pinned).
         if not (self.pinned or _is_unverified(self.image_source)):
             raise ValueError(f"builder_image: {self.builder_image!r} is not pinned: append @sha256:<64 hex digits> (a tag can move), or say image_source = \"unverified: ...\"")
+        if self.rocm_provider == "wheels" and self.rocm_wheels is None:
+            raise ValueError('rocm_wheels: rocm_provider = "wheels" needs a rocm_wheels table (build, requires, index_url, source)')
+        if self.rocm_provider == "system" and self.rocm_wheels is not None:
+            raise ValueError('rocm_provider: a rocm_wheels table is given but rocm_provider is "system": set rocm_provider = "wheels" or drop the table')
+        if self.rocm_provider == "wheels" and self.rocm_lib_dir is not None:
+            raise ValueError("rocm_lib_dir: a wheels line finds ROCm in its pip packages, not in a folder of the machine: remove rocm_lib_dir")
         return self
 
     @property
@@ -79,7 +122,10 @@ class Line(Model):
         return f"rocm{major}.{minor}"
 
     @property
-    def lib_dir(self) -> str:
+    def lib_dir(self) -> str | None:
+        """The machine's ROCm library folder; None when ROCm comes from pip packages."""
+        if self.rocm_provider == "wheels":
+            return None
         return self.rocm_lib_dir or f"{self.rocm_path.rstrip('/') or '/usr'}/lib"
 
 

@@ -42,6 +42,8 @@ class Step:
     dependencies: tuple[tuple[str, str], ...] = ()
     # The line's build-environment lock (recipes/constraints/<line>.txt), installed hash-checked first.
     constraints: Path | None = None
+    # A `wheels` line's ROCm (TheRock pip packages), installed into the build environment first.
+    rocm_wheels: lockmod.RocmWheels | None = None
 
     @property
     def name(self) -> str:
@@ -161,7 +163,7 @@ def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int,
     }
     pre = tuple(command.format_map(values) for command in recipe.build.pre)
     args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
-    return Step(recipe, version, env, pre, args, dependencies, constraints)
+    return Step(recipe, version, env, pre, args, dependencies, constraints, line.rocm_wheels)
 
 
 def describe(plan: Plan) -> str:
@@ -199,6 +201,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "local_version": plan.line.local_version,
         "builder_image": plan.line.builder_image,
         "platform": plan.line.platform,
+        "rocm_provider": plan.line.rocm_provider,
+        **({"rocm_wheels": plan.line.rocm_wheels.model_dump()} if plan.line.rocm_wheels else {}),
         "driver": plan.driver,
         "targets": [str(target) for target in plan.targets],
         "python": list(plan.line.python) if plan.driver == "container" else [f"{sys.version_info.major}.{sys.version_info.minor}"],
@@ -227,10 +231,12 @@ def _split(value: str | None) -> list[str]:
     return [part for part in re.split(r"[;,\s]+", value or "") if part]
 
 
-def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str, jobs: int | None = None) -> Plan:
+def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str, jobs: int | None = None,
+                python: str | None = None) -> Plan:
     """Everything checked before anything runs: recipes, lock, line, targets, order.
 
-    ``arch`` None means every target the line's compiler takes (the demo).
+    ``arch`` None means every target the line's compiler takes (the demo); ``python`` (X.Y) builds
+    for that one of the line's Python versions only (one CI job per Python).
     """
     targets = parse_targets(arch) if arch is not None else None
     all_recipes = load_recipes(layout.recipes_dir)
@@ -240,12 +246,28 @@ def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str
         raise RocwheelsError("no ROCm toolchain found on this host (no /opt/rocm/.info/version, no hipcc)",
                              fix="install ROCm (on Debian: apt-get install hipcc), or build in the container with DRIVER=container")
     line_name, line = lockmod.select_line(lock_file, rocm, host)
+    if python is not None:
+        line = _for_python(python, line_name, line, driver, layout.recipes_dir)
     for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
         log.warning("warning: %s", warning)
     constraints = check_constraints(all_recipes, lock_file, line_name)
     wanted = _split(recipes) or list(line.versions)
     targets = targets or parse_targets(";".join(line.targets))
     return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets, jobs=jobs, driver=driver, constraints=constraints)
+
+
+def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_dir: Path) -> Line:
+    """The line building for ``python`` alone (the local driver builds with the running Python anyway)."""
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if driver == "local":
+        if python != running:
+            raise RocwheelsError(f"DRIVER=local builds with the Python running rocwheels ({running}), not {python}",
+                                 fix=f"run rocwheels from a Python {python} venv, or build in the container (DRIVER=container)")
+        return line
+    if python not in line.python:
+        raise ConfigError(recipes_dir / LOCK_FILE, f"lines.{line_name}.python", f"Python {python} is not one of the line's ({', '.join(line.python)})",
+                          fix=f"pick one of {', '.join(line.python)}, or add {python} to the line")
+    return line.model_copy(update={"python": (python,)})
 
 
 def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:

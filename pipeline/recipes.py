@@ -6,9 +6,9 @@ import re
 import string
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from packaging.utils import canonicalize_name
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, StrictBool, field_validator, model_validator
 
@@ -70,6 +70,34 @@ class Source(Model):
         return self
 
 
+class BuildWheel(Model):
+    """A prebuilt wheel the package is built against, installed into the build environment
+    (torch from a vendor's wheel file, say); its wheels then require exactly that build."""
+
+    url: str  # https:// or file://; the file name must be the wheel's own
+    sha256: str
+
+    @model_validator(mode="after")
+    def _checked_wheel(self) -> BuildWheel:
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise ValueError("sha256: 64 lowercase hex digits (sha256sum of the wheel file)")
+        try:
+            parse_wheel_filename(self.filename)
+        except InvalidWheelFilename:
+            raise ValueError(f"url: {self.filename!r} is not a wheel file name (name-version-python-abi-platform.whl)") from None
+        return self
+
+    @property
+    def filename(self) -> str:
+        return unquote(urlsplit(self.url).path.rsplit("/", 1)[-1])
+
+    @property
+    def pin(self) -> tuple[str, str]:
+        """(distribution, exact version) of this build: ``("torch", "2.13.0+cpu")``."""
+        name, version = parse_wheel_filename(self.filename)[:2]
+        return str(name), str(version)
+
+
 class Build(Model):
     """How the wheel is built: pre-build shell commands, then ``python -m build --wheel``."""
 
@@ -77,6 +105,13 @@ class Build(Model):
     args: tuple[str, ...] = ()
     isolation: StrictBool = True
     requires: tuple[str, ...] = ()
+    wheels: tuple[BuildWheel, ...] = ()  # installed (hash-checked, without dependencies) before the build
+
+    @model_validator(mode="after")
+    def _wheels_need_the_outer_environment(self) -> Build:
+        if self.wheels and self.isolation:
+            raise ValueError("wheels: build wheels go into the build environment, which an isolated build does not see: set isolation = false")
+        return self
 
 
 class Fallback(Model):

@@ -26,18 +26,19 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from . import audit, cmd
-from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf
+from .elf import ELF_MAGIC, ElfError, ElfInfo, is_elf, read_elf
 from .errors import RocwheelsError
 from .log import LOGGER
+from .requirements import pin_requirements
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .wheelfile import (
     check_wheel,
     extract,
     open_wheel,
-    pin_requirements,
     replace_platform_tag,
     rewrite_wheel,
 )
+from .zipwrite import Added, copy_file
 
 if TYPE_CHECKING:
     from .lock import Line
@@ -70,7 +71,8 @@ class RepairSettings:
     """
 
     excludes: tuple[str, ...] = ()
-    rocm_lib_dir: str = DEFAULT_ROCM_LIB_DIR
+    # None: ROCm comes from pip packages (a `wheels` line), reached through link_packages.
+    rocm_lib_dir: str | None = DEFAULT_ROCM_LIB_DIR
     link_packages: tuple[str, ...] = ()
     extra_rpath: tuple[str, ...] = ()
     plat: str | None = None
@@ -78,20 +80,23 @@ class RepairSettings:
     links: tuple[LinkPackage, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for entry in (self.rocm_lib_dir, *self.extra_rpath):
+        for entry in (*([] if self.rocm_lib_dir is None else [self.rocm_lib_dir]), *self.extra_rpath):
             _check_search_path(entry)
         object.__setattr__(self, "links", tuple(LinkPackage.parse(entry) for entry in self.link_packages))
 
     @classmethod
     def for_recipe(cls, recipe: Recipe | None, line: Line | None) -> RepairSettings:
         """The settings of ``recipe``'s wheels on ``line`` (either may be unknown: defaults)."""
+        from .rocm_wheels import link_packages, requires_dist
+
         repair = recipe.repair if recipe else None
         return cls(
             excludes=repair.exclude if repair else (),
             rocm_lib_dir=line.lib_dir if line else DEFAULT_ROCM_LIB_DIR,
-            link_packages=repair.link_packages if repair else (),
+            link_packages=(*(repair.link_packages if repair else ()), *(link_packages(line) if line else ())),
             extra_rpath=repair.rpath if repair else (),
             plat=line.platform if line else None,
+            requires_pins=requires_dist(line) if line else (),
         )
 
     def extended(
@@ -111,7 +116,7 @@ class RepairSettings:
 
     def cli_options(self) -> list[str]:
         """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
-        options = ["--rocm-lib-dir", self.rocm_lib_dir]
+        options = ["--rocm-provider", "wheels"] if self.rocm_lib_dir is None else ["--rocm-lib-dir", self.rocm_lib_dir]
         if self.plat:
             options += ["--plat", self.plat]
         for flag, values in (("--exclude", self.excludes), ("--link-package", self.link_packages),
@@ -133,47 +138,109 @@ def repair_wheel(
     log_file: Path | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
     compression_level: int = ZIP_LEVEL,
+    threads: int | None = None,
 ) -> Path:
     """Repair ``raw_wheel`` into ``wheelhouse`` as ``settings`` say; return the repaired wheel's path.
 
-    ``compression_level`` is the deflate level of the written wheel (1 for quick local loops).
+    ``compression_level`` is the deflate level of changed members (1 for quick local loops);
+    ``threads`` deflate them (default: every core this process may use).
     """
     log = logger or logging.getLogger(LOGGER)
     policy = settings.policy()
     raw = check_wheel(raw_wheel)
     started = time.monotonic()
-    # In TMPDIR: auditwheel's unpacked copy, its output and the extracted ELF files take about
-    # three times the unpacked size of the wheel there.
+    # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
     with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp:
         work = Path(temp)
-        repaired = audit.repair(
-            raw_wheel, work / "auditwheel", policy.excludes, settings.plat, log_file, log,
-            who_needs=lambda: [(name, path, info.needed) for name, path, info in _elf_files(raw_wheel, work / "raw")],
-        )
-        audited = time.monotonic()
-        patched = _relink(repaired, work / "elf", policy, settings, log_file, log)
+        with open_wheel(raw_wheel) as archive:
+            members = {info.filename: info for info in archive.infolist()}
+            elf_names = [name for name, info in members.items() if not info.is_dir() and _starts_with_elf(archive, info)]
+            tree = extract(archive, elf_names, work / "tree")
+            wheel_text = archive.read(f"{raw.dist_info}/WHEEL").decode("utf-8")
+            metadata_text = archive.read(f"{raw.dist_info}/METADATA").decode("utf-8")
+        # auditwheel judges a wheel of the ELF files alone (stored): what it unpacks is only what it reads.
+        skeleton = _skeleton(raw_wheel.name, raw.dist_info, tree, work / "skeleton", wheel_text, metadata_text)
+
+        def who_needs() -> list[tuple[str, Path, Sequence[str]]]:
+            return [(name, path, info.needed) for name, path, info in _elf_infos(raw_wheel, tree)]
+
+        verdict = audit.analyze(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
+        analysed = time.monotonic()
+        added: dict[str, Added] = {}
+        changed: dict[str, bytes | Path] = {}
+        dropped: set[str] = set()
+        if verdict.grafts:
+            log.info("auditwheel grafts %s", "; ".join(f"{', '.join(libs)} for {name}" for name, libs in verdict.grafts.items()))
+            grafted = audit.repair(skeleton, work / "auditwheel", policy.excludes, verdict.tag, log_file, log, who_needs=who_needs)
+            changed, added, dropped = _taken_from(grafted, skeleton, tree, members, work / "grafted")
+        patched = _relink(raw_wheel, {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
+                          policy, settings, log_file, log)
         relinked = time.monotonic()
-        result = check_wheel(repaired)
-        tag = audit.one_platform_tag(raw.platform_tags, result.platform_tags)
-        wheel_member, metadata_member = f"{result.dist_info}/WHEEL", f"{result.dist_info}/METADATA"
-        with open_wheel(repaired) as archive:
-            wheel_text = archive.read(wheel_member).decode("utf-8")
-            metadata_text = archive.read(metadata_member).decode("utf-8")
-        changed: dict[str, bytes | Path] = {**patched, wheel_member: _retag(wheel_text, tag).encode("utf-8")}
+        for name, path in patched.items():
+            if name not in added:
+                changed[name] = path
+        tag = verdict.tag
+        wheel_member = f"{raw.dist_info}/WHEEL"
+        retagged = _retag(wheel_text, tag)
+        if retagged != wheel_text:
+            changed[wheel_member] = retagged.encode("utf-8")
         if settings.requires_pins:
-            changed[metadata_member] = pin_requirements(metadata_text, settings.requires_pins).encode("utf-8")
-        final = rewrite_wheel(
-            repaired,
-            wheelhouse / replace_platform_tag(repaired.name, tag),
-            replace=changed,
-            compression_level=compression_level,
-        )
+            pinned = pin_requirements(metadata_text, settings.requires_pins)
+            if pinned != metadata_text:
+                changed[f"{raw.dist_info}/METADATA"] = pinned.encode("utf-8")
+        dest = wheelhouse / replace_platform_tag(raw_wheel.name, tag)
+        if not (changed or added or dropped):
+            final = copy_file(raw_wheel, dest)  # nothing to change: the floor is a copy
+        else:
+            final = rewrite_wheel(raw_wheel, dest, replace=changed, added=added, dropped=frozenset(dropped),
+                                  compression_level=compression_level, threads=threads)
     log.info(
-        "repaired %s -> %s in %.1f s (auditwheel %.1f s, RPATHs of %d files %.1f s, write %.1f s)",
-        raw_wheel.name, final.name, time.monotonic() - started, audited - started,
-        len(patched), relinked - audited, time.monotonic() - relinked,
+        "repaired %s -> %s in %.1f s (analysis %.1f s, RPATHs of %d files %.1f s, write %d changed/%d added members %.1f s)",
+        raw_wheel.name, final.name, time.monotonic() - started, analysed - started,
+        len(patched), relinked - analysed, len(changed), len(added), time.monotonic() - relinked,
     )
     return final
+
+
+def _skeleton(name: str, dist_info: str, tree: dict[str, Path], folder: Path, wheel_text: str, metadata_text: str) -> Path:
+    """A wheel of the ELF files, WHEEL and METADATA only, stored, under the raw wheel's name."""
+    folder.mkdir()
+    path = folder / name
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for member, file in tree.items():
+            archive.write(file, member)
+        archive.writestr(f"{dist_info}/WHEEL", wheel_text)
+        archive.writestr(f"{dist_info}/METADATA", metadata_text)
+        # auditwheel walks the files RECORD lists (hashes unread).
+        archive.writestr(f"{dist_info}/RECORD", "".join(f"{member},,\n" for member in tree))
+    return path
+
+
+def _taken_from(
+    grafted: Path, skeleton: Path, tree: dict[str, Path], members: dict[str, zipfile.ZipInfo], folder: Path,
+) -> tuple[dict[str, bytes | Path], dict[str, Added], set[str]]:
+    """What auditwheel's repair of the skeleton changed: (changed members, added ones, dropped ones).
+
+    The dist-info's WHEEL and RECORD are rocwheels' to write; its new files (an SBOM) are taken.
+    """
+    with open_wheel(skeleton) as before, open_wheel(grafted) as after:
+        old = {info.filename: info.CRC for info in before.infolist()}
+        new = {info.filename: info for info in after.infolist() if not info.is_dir()}
+        dist_info = next(name.split("/", 1)[0] for name in old if name.endswith(".dist-info/RECORD"))
+        own = {f"{dist_info}/WHEEL", f"{dist_info}/RECORD", f"{dist_info}/METADATA"}
+        different = [name for name, info in new.items() if name not in own and old.get(name) != info.CRC]
+        files = extract(after, different, folder)
+    changed: dict[str, bytes | Path] = {}
+    added: dict[str, Added] = {}
+    for name in different:
+        if name in members:
+            changed[name] = tree[name] = files[name]
+        else:
+            added[name] = Added(files[name], (new[name].external_attr >> 16) & 0o777 or 0o644)
+    dropped = {name for name in old if name not in new and name not in own}
+    for name in dropped:
+        tree.pop(name, None)
+    return changed, added, dropped
 
 
 def _patchelf() -> str:
@@ -184,13 +251,13 @@ def _patchelf() -> str:
 
 
 def _relink(
-    wheel: Path, work: Path, policy: RocmPolicy, settings: RepairSettings,
+    wheel: Path, tree: dict[str, Path], policy: RocmPolicy, settings: RepairSettings,
     log_file: Path | None, log: logging.Logger | logging.LoggerAdapter,
 ) -> dict[str, Path]:
-    """Set the RPATH every ELF file of ``wheel`` should have; return the changed files."""
+    """Set the RPATH every ELF file of ``tree`` (member -> extracted file) should have; return the changed files."""
     patchelf = _patchelf()
     patched: dict[str, Path] = {}
-    for name, path, info in _elf_files(wheel, work):
+    for name, path, info in _elf_infos(wheel, tree):
         # GPU code objects are loaded by the HIP runtime, never by ld.so.
         if info.machine == "EM_AMDGPU":
             continue
@@ -220,7 +287,7 @@ def _wanted_rpath(
         if any(link.provides(soname) for soname in needed):
             relative = posixpath.relpath(link.lib_dir, str(_installed_folder(wheel, name)))
             entries.append("$ORIGIN" if relative == "." else f"$ORIGIN/{relative}")
-    if any(policy.is_rocm(soname) for soname in needed):
+    if settings.rocm_lib_dir and any(policy.is_rocm(soname) for soname in needed):
         entries.append(settings.rocm_lib_dir)
     if any(policy.is_excluded(soname) for soname in needed):
         entries.extend(settings.extra_rpath)
@@ -240,17 +307,18 @@ def _installed_folder(wheel: Path, name: str) -> PurePosixPath:
     )
 
 
-def _elf_files(wheel: Path, work: Path) -> Iterator[tuple[str, Path, ElfInfo]]:
-    """Extract the ELF members of ``wheel`` under ``work`` and read their dynamic sections."""
-    with open_wheel(wheel) as archive:
-        names = [info.filename for info in archive.infolist() if not info.is_dir() and _starts_with_elf(archive, info)]
-        files = extract(archive, names, work)
-    for name, path in files.items():
+def _elf_infos(wheel: Path, tree: dict[str, Path]) -> Iterator[tuple[str, Path, ElfInfo]]:
+    """The dynamic sections of the extracted ELF files ``tree`` (member -> file)."""
+    for name, path in tree.items():
         try:
             info = read_elf(path, with_fatbin=False)  # repair never looks at GPU code
         except ElfError as exc:
             raise RocwheelsError(f"{wheel.name}: {name} is not a readable ELF file ({exc.message})", fix="rebuild the wheel") from None
         yield name, path, info
+
+
+def _is_elf_file(content: bytes | Path) -> bool:
+    return isinstance(content, Path) and is_elf(content)
 
 
 def _starts_with_elf(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:

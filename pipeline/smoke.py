@@ -47,8 +47,10 @@ def interpreter_for(wheel: Path) -> str | None:
 
 
 def smoke_test(wheel: Path, smoke: Smoke, *, requirements: Sequence[str] = (), find_links: Path | None = None,
+               index_urls: Sequence[str] = (), checks: Sequence[str] = (),
                log_file: Path | None = None, scratch: Path | None = None) -> SmokeResult:
-    """Install ``wheel`` (and ``requirements``, found in ``find_links``) into a fresh venv, run the checks."""
+    """Install ``wheel`` (and ``requirements``, found in ``find_links`` or the extra ``index_urls``)
+    into a fresh venv, run the recipe's snippets, then ``checks`` (more Python snippets)."""
     python = interpreter_for(wheel)
     if python is None:
         return SmokeResult(False, True, f"no Python on this machine matches {wheel.name}; not installed")
@@ -58,9 +60,10 @@ def smoke_test(wheel: Path, smoke: Smoke, *, requirements: Sequence[str] = (), f
         try:
             run([python, "-m", "venv", venv], log_file=log_file)
             links = ["--find-links", find_links] if find_links else []
+            links += [option for url in index_urls for option in ("--extra-index-url", url)]
             run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *links, wheel, *requirements],
                 log_file=log_file, cwd=Path(folder))
-            for snippet in smoke.snippets(gpu=gpu_present()):
+            for snippet in (*smoke.snippets(gpu=gpu_present()), *checks):
                 run([venv_python, "-c", snippet], log_file=log_file, cwd=Path(folder))
         except CommandError as exc:
             return SmokeResult(False, False, f"smoke test failed: {exc.message}")

@@ -54,13 +54,22 @@ def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: P
     return root
 
 
-def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter) -> Path:
+def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.LoggerAdapter) -> list[Path]:
+    """The recipe's build wheels, downloaded once into the cache and hash-checked, under their own file names."""
+    return [
+        _download(wheel.url, wheel.sha256, recipe_path(recipes_dir, recipe.name), f"build.wheels[{index}].sha256", logger,
+                  target=cache_dir() / "wheels" / wheel.sha256 / wheel.filename)
+        for index, wheel in enumerate(recipe.build.wheels)
+    ]
+
+
+def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter, *, target: Path | None = None) -> Path:
     """Download once into the cache, keyed by the expected hash; a mismatch deletes the file.
 
     The download is written under a temporary name and renamed only once its hash matches; an
     error or an interruption removes it, so the cache holds complete, checked files only.
     """
-    target = cache_dir() / "sources" / f"{sha256}-{Path(urllib.parse.urlsplit(url).path).name}"
+    target = target or cache_dir() / "sources" / f"{sha256}-{Path(urllib.parse.urlsplit(url).path).name}"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

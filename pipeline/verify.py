@@ -2,8 +2,9 @@
 
 Checks, per wheel: (a) no ROCm library inside; (b) every needed library resolves in the target
 layout, and none would be loaded twice; (c) GPU code objects for exactly the requested targets;
-(d) no empty or build-machine RPATH entry; (e) platform tag and ``+rocm`` local version;
-(f) a smoke test in a fresh venv.
+(d) no empty or build-machine RPATH entry; (e) one platform tag, the lock line's, that the
+contents allow (auditwheel's policy analysis), and the ``+rocm`` local version; (f) exact
+Requires-Dist pins on the builds it links against; (g) a smoke test in a fresh venv.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from packaging.version import Version
 
 from .analyze import (
     DEFAULT_LIBRARY_DIRS,
+    MUSL_LIBRARY_DIRS,
     Kind,
     TargetLayout,
     WheelAnalysis,
@@ -28,11 +30,17 @@ from .analyze import (
     expand_origin,
 )
 from .lock import Line
+from .platform_tag import check_platform_tag
 from .provenance import check_record
 from .recipes import Recipe, Smoke
+from .requirements import missing_pins
 from .rocm_policy import LinkPackage, load_policy
+from .rocm_wheels import index_urls as rocm_index_urls
+from .rocm_wheels import link_packages as rocm_link_packages
+from .rocm_wheels import loaded_from_packages_check
 from .smoke import smoke_test
 from .targets import runs_on
+from .wheelfile import open_wheel
 
 ERROR, WARNING = "error", "warning"
 # auditwheel's name for a grafted copy: libfoo-<8 hex>.so.1
@@ -52,6 +60,9 @@ class Expectations:
     # depends_on pins (torch==2.5.1+rocm6.2) the smoke test installs too, from find_links
     smoke_requirements: tuple[str, ...] = ()
     find_links: Path | None = None
+    # exact requirements the wheel must carry: the builds it links against (torch==2.14.1+rocm7.2)
+    pins: tuple[str, ...] = ()
+    index_urls: tuple[str, ...] = ()  # a `wheels` line's ROCm index, for the smoke test
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,8 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         *_gpu_targets(analysis, expect.targets),
         *_search_paths(analysis, expect),
         *_tags_and_version(analysis, expect.version, expect.platform),
+        *_platform_allowed(analysis, expect.layout),
+        *_pinned_requirements(analysis, expect.pins),
         _provenance(wheel),
     ]
     if smoke and expect.smoke is not None:
@@ -95,10 +108,19 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
             findings.append(Finding(WARNING, "smoke", "not run: the wheel has errors"))
         else:
             result = smoke_test(wheel, expect.smoke, requirements=expect.smoke_requirements, find_links=expect.find_links,
+                                index_urls=expect.index_urls, checks=_rocm_packages_check(analysis, expect.smoke),
                                 log_file=log_file, scratch=scratch)
             findings.append(Finding(WARNING if result.skipped else ERROR if not result.passed else "ok", "smoke", result.message))
     targets = {m.name: m.gpu_targets for m in analysis.members if m.gpu_targets}
     return Report(wheel, tuple(findings), targets)
+
+
+def _rocm_packages_check(analysis: WheelAnalysis, smoke: Smoke) -> tuple[str, ...]:
+    """With ROCm from pip packages: the installed venv must hold and load every ROCm library needed."""
+    if analysis.layout.rocm_lib_dir is not None:
+        return ()
+    sonames = [d.soname for m in analysis.members for d in m.dependencies if d.kind == Kind.ROCM]
+    return (loaded_from_packages_check(sonames, smoke.imports),) if sonames else ()
 
 
 def _provenance(wheel: Path) -> Finding:
@@ -156,7 +178,7 @@ def _gpu_targets(analysis: WheelAnalysis, requested: tuple[str, ...] | None) -> 
 
 
 def _search_paths(analysis: WheelAnalysis, expect: Expectations) -> list[Finding]:
-    allowed = {expect.layout.rocm_lib_dir, *expect.extra_rpath, *DEFAULT_LIBRARY_DIRS}
+    allowed = {expect.layout.rocm_lib_dir, *expect.extra_rpath, *DEFAULT_LIBRARY_DIRS, *MUSL_LIBRARY_DIRS}
     findings = []
     for m in analysis.members:
         for entry in m.search_path:
@@ -176,7 +198,7 @@ def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, exp
     platforms = info.platform_tags
     if len(platforms) != 1:
         findings.append(Finding(ERROR, "tags", f"{len(platforms)} platform tags in the file name ({'.'.join(platforms)}): keep one"))
-    elif expected_platform and platforms != (expected_platform,):
+    elif expected_platform and platforms not in ((expected_platform,), ("any",)):  # a pure wheel runs on any platform
         findings.append(Finding(ERROR, "tags", f"platform tag {platforms[0]}, but the lock line says {expected_platform}"))
     if any(p.startswith("linux_") for p in platforms) and analysis.members:
         findings.append(Finding(ERROR, "tags", "platform tag linux_*: the wheel was not repaired (rocwheels repair)"))
@@ -189,6 +211,31 @@ def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, exp
     elif expected_version is not None and version != Version(expected_version):
         findings.append(Finding(ERROR, "version", f"version {info.version}, but the lock line expects {expected_version}"))
     return findings
+
+
+def _platform_allowed(analysis: WheelAnalysis, layout: TargetLayout) -> list[Finding]:
+    """Each platform tag must be one the contents allow (auditwheel's symbol-version analysis)."""
+    excludes = (*layout.policy.excludes, *(pattern for link in layout.link_packages for pattern in link.patterns))
+    findings = []
+    for tag in analysis.info.platform_tags:
+        if tag.startswith("linux_"):
+            continue  # never a promise beyond the build machine; flagged as unrepaired above
+        allowed = check_platform_tag(analysis.info.path, tag, excludes)
+        if allowed is not None and allowed.problem:
+            findings.append(Finding(ERROR, "tags", f"platform tag {tag}: {allowed.problem}"))
+    return findings
+
+
+def _pinned_requirements(analysis: WheelAnalysis, pins: tuple[str, ...]) -> list[Finding]:
+    """An extension must require exactly the builds it links against, or pip may pair it with another torch."""
+    if not pins:
+        return []
+    with open_wheel(analysis.info.path) as archive:
+        metadata = archive.read(f"{analysis.info.dist_info}/METADATA").decode("utf-8")
+    return [
+        Finding(ERROR, "requires", f"Requires-Dist does not pin {pin}: pip could install it next to another build (repair writes the pins)")
+        for pin in missing_pins(metadata, pins)
+    ]
 
 
 def format_report(report: Report) -> str:
@@ -207,9 +254,11 @@ def reports_json(reports: Sequence[Report]) -> str:
 
 
 def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None, *, version: str | None = None,
-                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None) -> Expectations:
+                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None,
+                     pins: tuple[str, ...] = ()) -> Expectations:
     """What a wheel of ``recipe`` built for ``line`` must be."""
-    links = tuple(LinkPackage.parse(entry) for entry in recipe.repair.link_packages)
+    links = tuple(LinkPackage.parse(entry) for entry in (*recipe.repair.link_packages, *rocm_link_packages(line)))
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
     return Expectations(layout=layout, targets=targets, version=version, platform=line.platform, extra_rpath=recipe.repair.rpath,
-                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links)
+                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=pins,
+                        index_urls=rocm_index_urls(line))

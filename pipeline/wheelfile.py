@@ -11,11 +11,9 @@ import base64
 import csv
 import hashlib
 import io
-import os
 import re
 import shutil
 import stat
-import tempfile
 import zipfile
 import zlib
 from collections import Counter
@@ -25,17 +23,17 @@ from dataclasses import dataclass
 from email.message import Message
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import Any
 
 from packaging.utils import (
     InvalidWheelFilename,
     canonicalize_name,
     parse_wheel_filename,
 )
-from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from .errors import RocwheelsError
+from .zipwrite import Added, write_wheel
 
 # Signatures over RECORD: any rewrite invalidates them, so a rewrite drops them.
 _RECORD_SIGNATURES = ("RECORD.jws", "RECORD.p7s")
@@ -169,114 +167,31 @@ def rewrite_wheel(
     dest: Path,
     *,
     replace: Mapping[str, bytes | Path] | None = None,
+    added: Mapping[str, Added] | None = None,
+    dropped: frozenset[str] = frozenset(),
     compression_level: int = zlib.Z_DEFAULT_COMPRESSION,
+    threads: int | None = None,
+    force_zip64: bool = False,
 ) -> Path:
-    """Write ``source`` to ``dest`` with members in ``replace`` swapped, and RECORD recomputed.
+    """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
+    ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD recomputed (see :func:`pipeline.zipwrite.write_wheel`).
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
-    reproducible); data is streamed, so memory stays small for multi-GB wheels. ``dest`` appears
-    atomically: it is written under a temporary name in its own folder, then renamed.
+    reproducible); unchanged ones keep their compressed bytes. ``dest`` appears atomically.
     """
     if not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION and compression_level != zlib.Z_DEFAULT_COMPRESSION:
         raise ValueError(f"deflate level {compression_level} is not -1 or 0..9")
-    replace = dict(replace or {})
     info = check_wheel(source)
-    record_name = f"{info.dist_info}/RECORD"
-    skipped = {record_name} | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES}
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
-    # mkstemp makes the file 0600; a wheel is served and installed by other users (index, web server).
-    os.fchmod(handle, 0o666 & ~_umask())
-    temp = Path(temp_name)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            with open_wheel(source) as archive, zipfile.ZipFile(stream, "w", zipfile.ZIP_DEFLATED) as out:
-                unknown = set(replace) - set(archive.namelist())
-                if unknown:
-                    raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
-                rows: list[tuple[str, str, str]] = []
-                for member in archive.infolist():
-                    if member.filename in skipped:
-                        continue
-                    if member.is_dir():
-                        out.writestr(_like(member, compression_level, 0), b"")
-                        continue
-                    content = replace.get(member.filename)
-                    if content is None:
-                        with archive.open(member) as data:
-                            rows.append(_write(out, member, data, member.file_size, compression_level))
-                    elif isinstance(content, bytes):
-                        rows.append(_write(out, member, io.BytesIO(content), len(content), compression_level))
-                    else:
-                        with content.open("rb") as data:
-                            rows.append(_write(out, member, data, content.stat().st_size, compression_level))
-                rows.append((record_name, "", ""))
-                text = io.StringIO()
-                csv.writer(text, lineterminator="\n").writerows(rows)
-                out.writestr(_like(archive.getinfo(record_name), compression_level, 0), text.getvalue())
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp, dest)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    return dest
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
-def pin_requirements(metadata: str, pins: Iterable[str]) -> str:
-    """METADATA with a ``Requires-Dist`` line for each pin (``torch==2.14.1+rocm7.2``), in place
-    of the unconditional requirements on the same projects; requirements under a marker stay."""
-    parsed = [Requirement(pin) for pin in pins]
-    pinned = {canonicalize_name(pin.name) for pin in parsed}
-    head, blank, body = metadata.partition("\n\n")
-    lines = head.splitlines()
-
-    def replaced(line: str) -> bool:
-        if not line.startswith("Requires-Dist:"):
-            return False
-        requirement = Requirement(line.split(":", 1)[1].strip())
-        return requirement.marker is None and canonicalize_name(requirement.name) in pinned
-
-    kept = [line for line in lines if not replaced(line)]
-    last = max((i for i, line in enumerate(kept) if line.startswith("Requires-Dist:")), default=len(kept) - 1)
-    kept[last + 1:last + 1] = [f"Requires-Dist: {pin}" for pin in parsed]
-    return "\n".join(kept) + (blank + body if blank else "\n")
+    return write_wheel(
+        source, dest, record=f"{info.dist_info}/RECORD", changed=replace, added=added,
+        dropped=dropped | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES},
+        level=compression_level, threads=threads, force_zip64=force_zip64,
+    )
 
 
 def replace_platform_tag(filename: str, platform: str) -> str:
     """``foo-1.0-cp311-cp311-linux_x86_64.whl`` with its platform part set to ``platform``."""
     return f"{filename.removesuffix('.whl').rsplit('-', 1)[0]}-{platform}.whl"
-
-
-def _write(out: zipfile.ZipFile, member: zipfile.ZipInfo, data: IO[bytes], size: int, level: int) -> tuple[str, str, str]:
-    digest = hashlib.sha256()
-    written = 0
-    with out.open(_like(member, level, size), "w") as sink:
-        while chunk := data.read(_COPY_CHUNK):
-            digest.update(chunk)
-            sink.write(chunk)
-            written += len(chunk)
-    return member.filename, _format_hash(digest), str(written)
-
-
-def _like(member: zipfile.ZipInfo, level: int, size: int) -> zipfile.ZipInfo:
-    """A fresh entry with ``member``'s name, time stamp and permissions."""
-    info = zipfile.ZipInfo(member.filename, date_time=member.date_time)
-    info.external_attr = member.external_attr
-    info.create_system = member.create_system
-    info.compress_type = zipfile.ZIP_DEFLATED
-    # ZipFile.open(info, "w") takes the level from the entry only (public as `compress_level`
-    # from Python 3.13, which keeps `_compresslevel` as an alias).
-    info._compresslevel = level  # type: ignore[attr-defined]
-    # The announced size decides whether the entry gets ZIP64 headers (members over 2 GiB).
-    info.file_size = size
-    return info
 
 
 def _format_hash(digest: Any) -> str:  # a hashlib object

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
@@ -25,6 +26,8 @@ from .plan import Plan, Step
 from .progress import long_step
 from .provenance import fingerprints, is_current, record_path, write_record
 from .repair import RepairSettings, repair_wheel
+from .requirements import linked_builds, pin_wheel
+from .sources import fetch_build_wheels
 from .verify import expectations_for, format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
@@ -81,18 +84,23 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
         built = driver(step, layout, on_output)
     recipe = step.recipe
     staging = fresh_dir(layout.staging(step.name))
-    settings = RepairSettings.for_recipe(recipe, plan.line)
+    pins = linked_builds(recipe, step.dependencies)
+    settings = RepairSettings.for_recipe(recipe, plan.line).extended(requires_pins=pins)
     repaired = []
     for wheel in built.paths:
-        if built.repaired:
-            repaired.append(wheel)
+        pure = all(tag.platform == "any" for tag in parse_wheel_filename(wheel.name)[3])
+        # Repaired in the builder image (which knows nothing of the line's other builds), or no
+        # compiled code to repair (flash-attention's Triton backend): only the pins to write.
+        if built.repaired or pure:
+            repaired.append(pin_wheel(wheel, staging, pins) if pins else wheel)
             continue
         logger.info("repairing %s", wheel.name)
         repaired.append(repair_wheel(wheel, staging, settings, log_file=log_file, logger=logger))
-    pins = tuple(f"{name}=={version}" for name, version in step.dependencies)
+    # The smoke test installs the exact builds next to the wheel: the line's from the wheelhouse, build wheels from their files.
+    requirements = (*pins, *map(str, fetch_build_wheels(recipe, layout.recipes_dir, logger)))
     targets = tuple(t.processor for t in plan.targets) if recipe.gpu_code else None  # a fallback may compile no GPU code
-    expect = expectations_for(recipe, plan.line, targets, version=step.wheel_version,
-                              smoke_requirements=pins, find_links=layout.wheelhouse if pins else None)
+    expect = expectations_for(recipe, plan.line, targets, version=step.wheel_version, pins=pins,
+                              smoke_requirements=requirements, find_links=layout.wheelhouse if step.dependencies else None)
     for wheel in repaired:
         logger.info("verifying %s", wheel.name)
         report = verify_wheel(wheel, expect, log_file=log_file, scratch=layout.work_dir)

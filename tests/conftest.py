@@ -7,6 +7,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import sys
 import threading
 import zipfile
@@ -104,11 +105,12 @@ _ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 
 
 def _wheel_archive(path: Path, name: str, version: str, tag: str, purelib: bool, contents: dict[str, bytes],
-                   requires: tuple[str, ...] = ()) -> Path:
+                   requires: tuple[str, ...] = (), provides_extras: tuple[str, ...] = ()) -> Path:
     """Write ``contents`` plus METADATA, WHEEL and a correct RECORD as the wheel ``path``."""
     dist_info = f"{name.replace('-', '_')}-{version}.dist-info"
     contents = dict(contents)
     contents[f"{dist_info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                         + "".join(f"Provides-Extra: {e}\n" for e in provides_extras)
                                          + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
     contents[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: rocwheels-tests\n"
                                       f"Root-Is-Purelib: {str(purelib).lower()}\nTag: {tag}\n").encode()
@@ -121,7 +123,8 @@ def _wheel_archive(path: Path, name: str, version: str, tag: str, purelib: bool,
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for member, data in contents.items():
             info = zipfile.ZipInfo(member, _ZIP_DATE)
-            info.external_attr = (0o755 if data.startswith(b"\x7fELF") else 0o644) << 16
+            # S_IFREG too: pip marks a file executable only when the mode says it is a regular file.
+            info.external_attr = (stat.S_IFREG | (0o755 if data.startswith((b"\x7fELF", b"#!")) else 0o644)) << 16
             archive.writestr(info, data)
     return path
 

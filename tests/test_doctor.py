@@ -72,7 +72,7 @@ def fake_rocminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_doctor_on_this_host(no_gpu_here: None) -> None:
     line = load_lock(REPO / "recipes").line("debian13")
     checks = by_name(run_doctor("gfx942", line, line_name="debian13"))
-    assert list(checks) == ["container engine", "/dev/kfd", "/dev/dri", "groups", "GPU targets", "host ROCm"]
+    assert list(checks) == ["container engine", "/dev/kfd", "/dev/dri", "groups", "GPU targets", "host ROCm", "installed torch"]
 
     assert checks["container engine"].ok is True, checks["container engine"]
     assert "podman" in checks["container engine"].detail

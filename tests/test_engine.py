@@ -64,7 +64,31 @@ def test_broken_podman_falls_back_to_a_working_docker(bin_dir: Path) -> None:
     fake_tool(bin_dir, "podman", 125, "Error: runc: OCI permission denied")
     docker = fake_tool(bin_dir, "docker", 0, "27.0.1")
     engine = detect_engine()
-    assert (engine.name, engine.argv_prefix, dict(engine.env)) == ("docker", (str(docker),), {})
+    # The fake answers `buildx version` too: a docker that builds with BuildKit, asked to.
+    assert (engine.name, engine.argv_prefix, dict(engine.env)) == ("docker", (str(docker),), {"DOCKER_BUILDKIT": "1"})
+
+
+def fake_docker(folder: Path, *, buildx: bool, client: str) -> Path:
+    """A docker client whose engine answers, with or without the buildx plugin."""
+    tool = folder / "docker"
+    tool.write_text(f'#!/bin/sh\ncase "$1" in\n  info) echo 28.0.0 ;;\n  buildx) exit {0 if buildx else 1} ;;\n'
+                    f'  version) echo {client} ;;\nesac\n')
+    tool.chmod(0o755)
+    return tool
+
+
+@pytest.mark.parametrize(("buildx", "client"), [(True, "28.2.2"), (False, "20.10.24+dfsg1")])
+def test_docker_that_builds_with_buildkit_is_taken(bin_dir: Path, buildx: bool, client: str) -> None:
+    fake_docker(bin_dir, buildx=buildx, client=client)
+    assert detect_engine("docker").name == "docker"
+
+
+def test_docker_without_buildkit_names_the_plugin_to_install(bin_dir: Path) -> None:
+    fake_docker(bin_dir, buildx=False, client="28.2.2")
+    with pytest.raises(RocwheelsError) as error:
+        detect_engine("docker")
+    assert "cannot build with BuildKit" in error.value.message
+    assert "apt-get install -y docker-buildx" in (error.value.fix or "")
 
 
 def test_broken_podman_and_no_docker_reports_podmans_error(bin_dir: Path) -> None:

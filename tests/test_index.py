@@ -12,6 +12,7 @@ from pipeline.index import (
     file_sha256,
     wheels_by_label,
     write_constraints,
+    write_requirements,
 )
 
 CANARY = "rocm-canary"
@@ -61,7 +62,7 @@ def test_a_real_simple_folder_is_not_overwritten(tmp_path, make_wheel):
         build_static_index(wheelhouse)
 
 
-def test_constraints_pin_exact_versions_with_every_file_hash(tmp_path, make_wheel):
+def test_constraints_pin_exact_versions_and_requirements_add_every_file_hash(tmp_path, make_wheel):
     wheelhouse = tmp_path / "wheelhouse"
     canary = make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.8")
@@ -69,10 +70,11 @@ def test_constraints_pin_exact_versions_with_every_file_hash(tmp_path, make_whee
     written = write_constraints(wheelhouse)
 
     assert written == (wheelhouse / "constraints-rocm9.8.txt", wheelhouse / "constraints-rocm9.9.txt")
-    lines = (wheelhouse / "constraints-rocm9.9.txt").read_text().splitlines()
-    assert lines[1:] == [f"{CANARY}==0.1.0+rocm9.9 \\", f"    --hash=sha256:{file_sha256(canary)}"]
-    write_constraints(wheelhouse, hashes=False)
     assert (wheelhouse / "constraints-rocm9.9.txt").read_text().splitlines()[1:] == [f"{CANARY}==0.1.0+rocm9.9"]
+    (requirements, _) = reversed(write_requirements(wheelhouse))
+    assert requirements == wheelhouse / "requirements-rocm9.9.txt"
+    lines = requirements.read_text().splitlines()
+    assert lines[1:] == [f"{CANARY}==0.1.0+rocm9.9 \\", f"    --hash=sha256:{file_sha256(canary)}"]
 
 
 def test_two_versions_in_one_line_cannot_be_pinned(tmp_path, make_wheel):
@@ -125,19 +127,20 @@ def test_constraints_keep_builds_from_another_index_out(tmp_path, make_wheel, st
     assert installed_build(fresh_venv, "rocm_canary") == "0.1.0+rocm9.9 ours"
 
 
-def test_hashed_constraints_need_dependencies_installed_separately(tmp_path, make_wheel, fresh_venv, pip_install,
-                                                                   installed_build):
+def test_hashed_requirements_need_dependencies_installed_separately(tmp_path, make_wheel, fresh_venv, pip_install,
+                                                                    installed_build):
     """pip's hash-checking mode covers the whole install: the two-step recipe the README gives."""
     wheelhouse = tmp_path / "wheelhouse"
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9", requires=("some-dependency",))
     (constraints,) = write_constraints(wheelhouse)
+    (requirements,) = write_requirements(wheelhouse)
     make_wheel(tmp_path / "deps", "some-dependency", "1.0")  # unhashed, as PyPI's torch dependencies would be
     sources = ["--no-index", "--find-links", wheelhouse, "--find-links", tmp_path / "deps"]
 
-    with pytest.raises(CommandError, match="In --require-hashes mode"):
-        pip_install(fresh_venv, *sources, "-c", constraints, CANARY)
-    pip_install(fresh_venv, *sources, "-c", constraints, "--no-deps", CANARY)
-    pip_install(fresh_venv, *sources, f"{CANARY}==0.1.0+rocm9.9")  # already there: brings only the dependency
+    with pytest.raises(CommandError, match="--require-hashes mode"):
+        pip_install(fresh_venv, *sources, "--require-hashes", "-r", requirements)
+    pip_install(fresh_venv, *sources, "--require-hashes", "--no-deps", "-r", requirements)
+    pip_install(fresh_venv, *sources, "-c", constraints, CANARY)  # already there: brings only the dependency
 
     assert installed_build(fresh_venv, "rocm_canary") == "0.1.0+rocm9.9 ours"
     assert installed_build(fresh_venv, "some_dependency") == "1.0 ours"
@@ -151,7 +154,7 @@ def test_a_package_with_its_own_label_joins_its_line(tmp_path, make_wheel):
     lines = wheels_by_label(wheelhouse, {"rocm624": "rocm6.2"})
     (root,) = build_static_index(wheelhouse, lines)
     assert root.name == "rocm6.2" and (root / "vllm" / "index.html").is_file()
-    (constraints,) = write_constraints(wheelhouse, lines, hashes=False)
+    (constraints,) = write_constraints(wheelhouse, lines)
     assert "vllm==0.7.3+rocm624" in constraints.read_text() and constraints.name == "constraints-rocm6.2.txt"
 
 

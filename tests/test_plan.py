@@ -125,7 +125,7 @@ def test_label_aliases_of_the_shipped_lock():
     from pipeline.layout import Layout
     from pipeline.plan import label_aliases
 
-    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2", "rocm72": "rocm7.2"}
+    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2", "rocm72": "rocm7.2", "rocm100": "rocm10.0"}
 
 
 def test_fallback_takes_over_for_targets_the_recipe_lacks(tmp_path):

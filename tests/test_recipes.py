@@ -22,6 +22,10 @@ path = "."
 """
 
 
+# The canary with one build wheel (str.format: url, sha, isolation).
+BUILD_WHEEL = CANARY.replace("[targets]", '[build]\nisolation = {isolation}\nwheels = [{{ url = "{url}", sha256 = "{sha}" }}]\n[targets]')
+
+
 def write(folder: Path, name: str, text: str) -> Path:
     path = folder / f"{name}.toml"
     path.write_text(text)
@@ -77,6 +81,9 @@ def test_minimal_recipe(tmp_path):
         (CANARY.replace("[smoke]", "[env]\nX = '{bogus}'\n[smoke]"), "env.X", "{bogus}"),
         (CANARY.replace("[smoke]\nimports = [\"demo\"]", ""), "smoke", "missing"),
         (CANARY.replace('name = "demo"', 'name = "other"'), "name", "other.toml"),
+        (BUILD_WHEEL.format(url="file:///w/torch.whl", sha="0" * 64, isolation="false"), "build.wheels.0.url", "not a wheel file name"),
+        (BUILD_WHEEL.format(url="file:///w/torch-2.13.0-py3-none-any.whl", sha="ABC", isolation="false"), "build.wheels.0.sha256", "64 lowercase hex"),
+        (BUILD_WHEEL.format(url="file:///w/torch-2.13.0-py3-none-any.whl", sha="0" * 64, isolation="true"), "build.wheels", "isolation = false"),
     ],
 )
 def test_bad_recipe_names_file_and_field(tmp_path, text, field, words):
@@ -113,3 +120,25 @@ def test_two_recipes_one_distribution(tmp_path):
     write(tmp_path, "demo-too", CANARY.replace('name = "demo"', 'name = "demo-too"\ndistribution = "demo"'))
     with pytest.raises(ConfigError, match=r"demo\.toml: distribution: makes demo wheels, as recipes/demo-too\.toml does"):
         load_recipes(tmp_path)
+
+
+def test_build_wheel_pins_the_exact_build_it_names(tmp_path):
+    url = "file:///opt/wheels/torch-2.13.0%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    recipe = load_recipe(write(tmp_path, "demo", BUILD_WHEEL.format(url=url, sha="0" * 64, isolation="false")))
+    [wheel] = recipe.build.wheels
+    assert wheel.filename == "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    assert wheel.pin == ("torch", "2.13.0+cpu")
+
+
+def test_build_wheel_with_another_hash_is_refused_and_not_kept(tmp_path, monkeypatch):
+    from pipeline.log import recipe_logger
+    from pipeline.sources import fetch_build_wheels
+
+    monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
+    wheel = tmp_path / "torch-2.13.0-py3-none-any.whl"
+    wheel.write_bytes(b"not the file the recipe names")
+    recipe = load_recipe(write(tmp_path, "demo", BUILD_WHEEL.format(url=wheel.as_uri(), sha="0" * 64, isolation="false")))
+    with pytest.raises(ConfigError) as caught:
+        fetch_build_wheels(recipe.at("1.0", tmp_path), tmp_path, recipe_logger("demo"))
+    assert caught.value.field == "build.wheels[0].sha256" and "expects " + "0" * 64 in str(caught.value)
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()], "nothing half-checked stays in the cache"

@@ -15,7 +15,6 @@ from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Built, Repaired, extract_wheel, 
 from pipeline.cmd import run
 from pipeline.elf import read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.audit import one_platform_tag
 from pipeline.repair import RepairSettings, _retag, repair_wheel
 from pipeline.rocm_policy import LinkPackage, load_policy
 from pipeline.wheelfile import check_wheel
@@ -153,22 +152,6 @@ def test_broken_wheels_fail_before_auditwheel(
     assert raw.name in str(failure.value) and failure.value.fix
     assert not [r for r in caplog.records if "auditwheel" in r.getMessage()]
     assert not wheelhouse.exists()
-
-
-@pytest.mark.parametrize(
-    ("before", "after", "kept"),
-    [
-        # the pile from facts.md: the old tag stays, the assigned ones are added
-        (("manylinux2014_x86_64",), ("manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_28_x86_64"),
-         "manylinux_2_28_x86_64"),
-        (("linux_x86_64",), ("manylinux2014_x86_64", "manylinux_2_17_x86_64"), "manylinux_2_17_x86_64"),
-        (("linux_x86_64",), ("manylinux_2_34_x86_64",), "manylinux_2_34_x86_64"),
-        (("manylinux_2_28_x86_64",), ("manylinux_2_28_x86_64",), "manylinux_2_28_x86_64"),
-        (("linux_aarch64",), ("manylinux_2_39_aarch64", "manylinux_2_28_aarch64"), "manylinux_2_39_aarch64"),
-    ],
-)
-def test_one_platform_tag_is_chosen(before: tuple[str, ...], after: tuple[str, ...], kept: str) -> None:
-    assert one_platform_tag(before, after) == kept
 
 
 def test_wheel_file_tags_are_replaced_in_place() -> None:

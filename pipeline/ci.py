@@ -1,0 +1,248 @@
+"""CI: a lock line's recipe x Python jobs in dependency stages, and wheels reused from the team's index.
+
+The matrix is read from the plan document (``rocwheels plan --json``), never worked out again, so
+the jobs a CI runs and what ``make wheels`` would build cannot disagree. A recipe's stage is one
+after the latest stage of what it depends on: torch first; torchvision, torchaudio and triton
+next; then flash-attention; then vLLM. Each job builds one recipe for one Python and keeps its
+wheels (``wheelhouse/<distribution>-<version>-*``, their provenance records and the recipe's
+log) as an artifact; a later job gets the artifacts of the same Python's earlier jobs, finds
+those wheels up to date by their provenance and builds only its own recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from .errors import RocwheelsError
+from .index import page_links
+from .layout import Layout
+from .log import recipe_logger
+from .plan import Plan
+from .provenance import Provenance, fingerprints, is_current, record_path
+from .sources import file_sha256
+
+log = logging.getLogger("rocwheels")
+
+# The stage jobs .github/workflows/wheels.yml declares (GitHub Actions cannot add jobs at run
+# time); the GitLab child pipeline has as many stages as the plan needs.
+GITHUB_STAGES = 4
+FORMATS = ("json", "github", "gitlab")
+# Runner tags of the generated GitLab jobs (the GitHub template names its labels itself).
+BUILD_TAGS = ("rocm",)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One recipe built for one Python version."""
+
+    recipe: str
+    distribution: str
+    wheel_version: str
+    python: str
+    stage: int  # 1 for recipes depending on nothing
+    needs: tuple[str, ...]  # every recipe (direct or not) whose wheels the build installs
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe} py{self.python}"
+
+    @property
+    def artifacts(self) -> tuple[str, ...]:
+        """What the job keeps: its wheels with their provenance records, and its log."""
+        return (f"wheelhouse/{self.distribution}-{self.wheel_version}-*", f"wheelhouse/logs/{self.recipe}.log")
+
+
+@dataclass(frozen=True)
+class Matrix:
+    line: str
+    targets: tuple[str, ...]
+    driver: str
+    stages: tuple[tuple[Job, ...], ...]
+
+    @property
+    def jobs(self) -> tuple[Job, ...]:
+        return tuple(job for stage in self.stages for job in stage)
+
+
+def ci_matrix(document: Mapping[str, Any]) -> Matrix:
+    """The jobs of a plan document (``plan_document``), stage by stage."""
+    stage: dict[str, int] = {}
+    needs: dict[str, tuple[str, ...]] = {}
+    for step in document["steps"]:  # dependencies first: the plan's order
+        deps = step["depends_on"]
+        stage[step["name"]] = 1 + max((stage[d] for d in deps), default=0)
+        needs[step["name"]] = tuple(dict.fromkeys(n for d in deps for n in (*needs[d], d)))
+    jobs = [
+        Job(step["name"], step["distribution"], step["wheel_version"], python, stage[step["name"]], needs[step["name"]])
+        for step in document["steps"] for python in document["python"]
+    ]
+    stages = tuple(tuple(job for job in jobs if job.stage == number) for number in range(1, max(stage.values(), default=0) + 1))
+    return Matrix(document["line"], tuple(document["targets"]), document["driver"], stages)
+
+
+def matrix_document(matrix: Matrix) -> dict[str, Any]:
+    """``--format json``."""
+    return {
+        "line": matrix.line,
+        "targets": list(matrix.targets),
+        "driver": matrix.driver,
+        "stages": [[{"name": job.name, "recipe": job.recipe, "python": job.python, "needs": list(job.needs),
+                     "artifacts": list(job.artifacts)} for job in jobs] for jobs in matrix.stages],
+    }
+
+
+def github_outputs(matrix: Matrix) -> str:
+    """``--format github``: ``key=value`` lines for ``$GITHUB_OUTPUT``, one matrix per stage job.
+
+    A stage the plan does not use is empty, and the template skips its job.
+    """
+    if len(matrix.stages) > GITHUB_STAGES:
+        raise RocwheelsError(
+            f"line {matrix.line} needs {len(matrix.stages)} dependency stages; .github/workflows/wheels.yml declares {GITHUB_STAGES}",
+            fix=f"add stage jobs to the workflow (copy the last one) and raise GITHUB_STAGES in {__name__}",
+        )
+    lines = [f"line={matrix.line}", f"stages={len(matrix.stages)}"]
+    for number in range(1, GITHUB_STAGES + 1):
+        jobs = matrix.stages[number - 1] if number <= len(matrix.stages) else ()
+        include = [{"recipe": j.recipe, "python": j.python, "distribution": j.distribution, "wheel_version": j.wheel_version} for j in jobs]
+        lines.append(f"stage{number}=" + (json.dumps({"include": include}, separators=(",", ":")) if include else ""))
+    return "\n".join(lines) + "\n"
+
+
+def gitlab_pipeline(matrix: Matrix, *, arch: str, recipes: str | None) -> dict[str, Any]:
+    """``--format gitlab``: the child pipeline the parent ``.gitlab-ci.yml`` triggers.
+
+    JSON is YAML, so the document is written as JSON. Each job needs (with artifacts) the jobs of
+    its Python's recipes it builds on; ``publish`` runs on tags and needs every build job.
+    """
+    stage_names = [f"stage{number}" for number in range(1, len(matrix.stages) + 1)]
+    # What the parent's matrix job was given decides the children's builds too.
+    settings = {"ARCH": arch, "ROCM": matrix.line, "DRIVER": matrix.driver}
+    if recipes:
+        settings["RECIPES"] = recipes
+    pipeline: dict[str, Any] = {"stages": [*stage_names, "publish"], "variables": settings}
+    names = {(job.recipe, job.python): job.name for job in matrix.jobs}
+    for job in matrix.jobs:
+        pipeline[job.name] = {
+            "stage": f"stage{job.stage}",
+            "tags": list(BUILD_TAGS),
+            "needs": [{"job": names[(need, job.python)], "artifacts": True} for need in job.needs],
+            # A ROCWHEELS_REUSE_INDEX variable makes the build take exact builds from that index.
+            "script": [f"make wheels RECIPES={job.recipe} PYTHON_VERSION={job.python}"],
+            "artifacts": {"when": "always", "paths": list(job.artifacts)},
+        }
+    pipeline["publish"] = {
+        "stage": "publish",
+        "rules": [{"if": "$CI_COMMIT_TAG"}],
+        "needs": [{"job": job.name, "artifacts": True} for job in matrix.jobs],
+        # ROCWHEELS_INDEX_URL, TWINE_USERNAME and TWINE_PASSWORD: masked CI/CD variables.
+        "script": ['make publish REPOSITORY="$ROCWHEELS_INDEX_URL"'],
+    }
+    return pipeline
+
+
+def render(matrix: Matrix, output_format: str, *, arch: str, recipes: str | None) -> str:
+    if output_format == "github":
+        return github_outputs(matrix)
+    if output_format == "gitlab":
+        return json.dumps(gitlab_pipeline(matrix, arch=arch, recipes=recipes), indent=2) + "\n"
+    return json.dumps(matrix_document(matrix), indent=2) + "\n"
+
+
+# --- wheels reused from the team's index ---
+
+
+def _get(url: str) -> bytes | None:
+    """The body at ``url``; None when the index has nothing there (404)."""
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response:
+            return response.read()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise RocwheelsError(f"{url}: the index answered {exc.code} {exc.reason}", fix="check --from-index (a PEP 503 simple URL)") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise RocwheelsError(f"{url}: index unreachable ({getattr(exc, 'reason', exc)})",
+                             fix="check --from-index, or leave it out to build everything here") from None
+
+
+def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, int]:
+    """Put into the wheelhouse each wheel of the plan the index holds with the very same fingerprint.
+
+    ``index_url`` is a PEP 503 simple root whose file links have the provenance record beside them
+    (``<wheel URL>.provenance.json``), as the static index of ``rocwheels index build`` has. A
+    wheel comes in only with a record naming this build's fingerprint and the file's sha256 (both
+    checked after the download); the recipe's build then finds it up to date. Returns, per recipe,
+    how many wheels came in.
+    """
+    root = index_url.rstrip("/") + "/"
+    prints = fingerprints(plan, layout.recipes_dir)
+    pythons = {f"cp{version.replace('.', '')}" for version in plan.line.python}
+    fetched: dict[str, int] = {}
+    for step in plan.steps:
+        logger = recipe_logger(step.name)
+        fingerprint = prints[step.name][0]
+        project_url = urllib.parse.urljoin(root, step.recipe.dist_name.replace("_", "-").lower() + "/")
+        page = _get(project_url)
+        count = 0
+        for href in page_links((page or b"").decode("utf-8", "replace")):
+            url = urllib.parse.urljoin(project_url, href).split("#", 1)[0]
+            filename = urllib.parse.unquote(url.rsplit("/", 1)[-1])
+            if not _wanted(filename, step.recipe.dist_name, step.wheel_version, pythons):
+                continue
+            target = layout.wheelhouse / filename
+            if target.is_file() and is_current(target, fingerprint):
+                continue
+            if _fetch_one(url, target, fingerprint, logger):
+                count += 1
+        if count:
+            logger.info("%d wheel(s) of this exact build taken from %s", count, root)
+        fetched[step.name] = count
+    return fetched
+
+
+def _wanted(filename: str, dist_name: str, version: str, pythons: set[str]) -> bool:
+    try:
+        name, wheel_version, _, tags = parse_wheel_filename(filename)
+    except InvalidWheelFilename:
+        return False
+    return name.replace("-", "_") == dist_name and str(wheel_version) == version and any(t.interpreter in pythons for t in tags)
+
+
+def _fetch_one(url: str, target: Path, fingerprint: str, logger: logging.LoggerAdapter) -> bool:
+    """Download a wheel and its record beside it, all or nothing, if the record names ``fingerprint``."""
+    record_bytes = _get(url + ".provenance.json")
+    if record_bytes is None:
+        logger.info("%s: no provenance record on the index: not reused", target.name)
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
+        record_file = Path(tmp) / (target.name + ".provenance.json")
+        record_file.write_bytes(record_bytes)
+        record = Provenance.read(record_file)
+        if record.fingerprint != fingerprint or record.wheel != target.name:
+            logger.info("%s on the index was built from other inputs (fingerprint %s, this build %s): not reused",
+                        target.name, record.fingerprint[:12], fingerprint[:12])
+            return False
+        wheel_file = Path(tmp) / target.name
+        wheel_file.write_bytes(_get(url) or b"")
+        if file_sha256(wheel_file) != record.sha256:
+            raise RocwheelsError(f"{url}: sha256 {file_sha256(wheel_file)} differs from its provenance record's {record.sha256}",
+                                 fix="the file on the index changed after it was built: rebuild and publish it again")
+        # The record first: alone it is harmless (no wheel, nothing up to date), and the wheel
+        # then arrives with one rename.
+        os.replace(record_file, record_path(target))
+        os.replace(wheel_file, target)
+    return True

@@ -1,0 +1,328 @@
+"""Write a wheel from another at the floor: copy what is unchanged, deflate what changed, in parallel.
+
+A member that is not changed is copied as its compressed bytes (local header and data, as they
+are), its RECORD row reused: no inflate, no deflate. Changed and added members are deflated by a
+pool of threads (zlib-ng releases the GIL), a large member in chunks that together form one
+valid deflate stream, the scheme pigz uses: each chunk is compressed on its own with the previous
+chunk's last 32 KiB as dictionary and ends with a sync flush (byte aligned, not final), the last
+chunk finishes the stream; the chunks' CRC-32s are combined. ZIP64 records are written where a
+size, an offset or the member count passes the classic limits (or everywhere, on request).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import shutil
+import struct
+import tempfile
+import zipfile
+from collections import deque
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from zlib_ng import zlib_ng
+
+CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
+_WINDOW = 32 << 10  # deflate's dictionary: what a chunk may refer back to in the previous one
+_LIMIT = 0xFFFFFFFF
+_COUNT_LIMIT = 0xFFFF
+_LOCAL = struct.Struct("<IHHHHHIIIHH")
+_CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")
+_EOCD = struct.Struct("<IHHHHIIH")
+_EOCD64 = struct.Struct("<IQHHIIQQQQ")
+_LOCATOR64 = struct.Struct("<IIQI")
+_DESCRIPTOR = 0x08074B50
+_ZIP64_EXTRA = 0x0001
+_MADE_BY_UNIX = 3 << 8 | 45  # unix attributes, spec version 4.5 (ZIP64)
+
+
+@dataclass(frozen=True)
+class Added:
+    """A member that is not in the source wheel (a grafted library): its content and permissions."""
+
+    content: bytes | Path
+    mode: int = 0o644
+
+
+def write_wheel(
+    source: Path,
+    dest: Path,
+    *,
+    record: str,
+    changed: Mapping[str, bytes | Path] | None = None,
+    added: Mapping[str, Added] | None = None,
+    dropped: frozenset[str] = frozenset(),
+    level: int = 6,
+    threads: int | None = None,
+    force_zip64: bool = False,
+) -> Path:
+    """Write ``source`` to ``dest`` (atomically) with ``changed`` members' new content, ``added``
+    members appended, ``dropped`` ones left out and ``record`` (the RECORD member) rewritten last.
+
+    Unchanged members keep their bytes, RECORD rows, time stamps and order. ``threads`` deflate
+    in parallel (default: the cores this process may use).
+    """
+    changed = dict(changed or {})
+    added = dict(added or {})
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    # mkstemp makes the file 0600; a wheel is served and installed by other users (index, web server).
+    os.fchmod(handle, 0o666 & ~_umask())
+    temp = Path(temp_name)
+    try:
+        with zipfile.ZipFile(source) as archive, open(source, "rb") as raw, os.fdopen(handle, "w+b") as out:
+            unknown = set(changed) - set(archive.namelist())
+            if unknown:
+                raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
+            rows = _record_rows(archive, record)
+            writer = _Writer(out, force_zip64)
+            with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
+                new_rows: list[tuple[str, str, str]] = []
+                for member in archive.infolist():
+                    if member.filename == record or member.filename in dropped:
+                        continue
+                    content = changed.get(member.filename)
+                    if content is None:
+                        writer.copy(raw, member)
+                        if not member.is_dir():
+                            new_rows.append(rows.get(member.filename) or (member.filename, "", ""))
+                    else:
+                        new_rows.append(writer.deflate(pool, member.filename, content, _like(member), level))
+                for name, entry in added.items():
+                    info = zipfile.ZipInfo(name, date_time=_newest(archive))
+                    info.external_attr = (0o100000 | entry.mode) << 16
+                    new_rows.append(writer.deflate(pool, name, entry.content, info, level))
+                new_rows.append((record, "", ""))
+                text = io.StringIO()
+                csv.writer(text, lineterminator="\n").writerows(new_rows)
+                writer.deflate(pool, record, text.getvalue().encode("utf-8"), _like(archive.getinfo(record)), level)
+            writer.finish()
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, dest)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return dest
+
+
+class _Writer:
+    """Appends members to ``out`` and keeps what the central directory will say about them."""
+
+    def __init__(self, out: io.BufferedRandom, force_zip64: bool) -> None:
+        self.out = out
+        self.force_zip64 = force_zip64
+        self.central: list[bytes] = []
+
+    def copy(self, raw: io.BufferedReader, member: zipfile.ZipInfo) -> None:
+        """Copy ``member``'s local header, data and data descriptor as they are."""
+        raw.seek(member.header_offset)
+        header = raw.read(_LOCAL.size)
+        fields = _LOCAL.unpack(header)
+        name_length, extra_length = fields[9], fields[10]
+        length = _LOCAL.size + name_length + extra_length + member.compress_size
+        if member.flag_bits & 0x08:
+            raw.seek(member.header_offset + length)
+            signed = struct.unpack("<I", raw.read(4))[0] == _DESCRIPTOR
+            zip64 = member.file_size >= _LIMIT or member.compress_size >= _LIMIT
+            length += (4 if signed else 0) + (20 if zip64 else 12)
+        offset = self.out.tell()
+        raw.seek(member.header_offset)
+        _copy_range(raw, self.out, length)
+        self._central_entry(member, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type)
+
+    def deflate(
+        self, pool: ThreadPoolExecutor, name: str, content: bytes | Path, info: zipfile.ZipInfo, level: int,
+    ) -> tuple[str, str, str]:
+        """Write member ``name`` deflated from ``content``; its RECORD row."""
+        size = len(content) if isinstance(content, bytes) else content.stat().st_size
+        zip64 = self.force_zip64 or size >= _LIMIT - (size >> 6) - 1024  # deflate may grow incompressible data a little
+        offset = self.out.tell()
+        encoded = name.encode("utf-8")
+        flags = 0x800 if encoded != name.encode("ascii", "replace") else 0
+        extra = struct.pack("<HHQQ", _ZIP64_EXTRA, 16, size, 0) if zip64 else b""
+        self.out.write(_LOCAL.pack(0x04034B50, 45 if zip64 else 20, flags, zipfile.ZIP_DEFLATED, *_dos_time(info),
+                                   0, _LIMIT if zip64 else 0, _LIMIT if zip64 else 0, len(encoded), len(extra)))
+        self.out.write(encoded + extra)
+        digest = hashlib.sha256()
+        crc = compressed = 0
+        for chunk, deflated, chunk_crc in _deflate_chunks(pool, content, level):
+            digest.update(chunk)
+            crc = zlib_ng.crc32_combine(crc, chunk_crc, len(chunk))
+            compressed += len(deflated)
+            self.out.write(deflated)
+        end = self.out.tell()
+        # Sizes and CRC are known only now: back into the local header (no data descriptor).
+        if zip64:
+            self.out.seek(offset + 14)
+            self.out.write(struct.pack("<I", crc))
+            self.out.seek(offset + _LOCAL.size + len(encoded) + 4)
+            self.out.write(struct.pack("<QQ", size, compressed))
+        else:
+            self.out.seek(offset + 14)
+            self.out.write(struct.pack("<III", crc, compressed, size))
+        self.out.seek(end)
+        self._central_entry(info, crc, compressed, size, offset, flags, zipfile.ZIP_DEFLATED, name=encoded)
+        return name, "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii"), str(size)
+
+    def _central_entry(
+        self, info: zipfile.ZipInfo, crc: int, compressed: int, size: int, offset: int, flags: int, method: int,
+        name: bytes | None = None,
+    ) -> None:
+        encoded = name if name is not None else info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+        big = [value for value in (size, compressed, offset) if self.force_zip64 or value >= _LIMIT]
+        extra = _without_zip64(info.extra)
+        if big:
+            extra = struct.pack(f"<HH{len(big)}Q", _ZIP64_EXTRA, 8 * len(big), *big) + extra
+
+        def limited(value: int) -> int:
+            return _LIMIT if self.force_zip64 or value >= _LIMIT else value
+
+        self.central.append(_CENTRAL.pack(
+            0x02014B50, _MADE_BY_UNIX, 45 if big else max(info.extract_version, 20), flags, method, *_dos_time(info),
+            crc, limited(compressed), limited(size), len(encoded), len(extra), 0, 0, info.internal_attr,
+            info.external_attr, limited(offset),
+        ) + encoded + extra)
+
+    def finish(self) -> None:
+        """The central directory, and ZIP64's end records where a limit is passed."""
+        start = self.out.tell()
+        for entry in self.central:
+            self.out.write(entry)
+        length = self.out.tell() - start
+        count = len(self.central)
+        if self.force_zip64 or count >= _COUNT_LIMIT or start >= _LIMIT or length >= _LIMIT:
+            end64 = self.out.tell()
+            self.out.write(_EOCD64.pack(0x06064B50, _EOCD64.size - 12, 45, 45, 0, 0, count, count, length, start))
+            self.out.write(_LOCATOR64.pack(0x07064B50, 0, end64, 1))
+            self.out.write(_EOCD.pack(0x06054B50, 0, 0, _COUNT_LIMIT, _COUNT_LIMIT, _LIMIT, _LIMIT, 0))
+        else:
+            self.out.write(_EOCD.pack(0x06054B50, 0, 0, count, count, length, start, 0))
+
+
+def _deflate_chunks(
+    pool: ThreadPoolExecutor, content: bytes | Path, level: int,
+) -> Iterator[tuple[bytes, bytes, int]]:
+    """(chunk, its deflate output, its CRC-32) in order; at most two chunks per thread in flight."""
+    pending: deque[tuple[bytes, Future[tuple[bytes, int]]]] = deque()
+    window = 2 * (pool._max_workers or 1)  # type: ignore[attr-defined]
+    previous = b""
+    for chunk, last in _chunks(content):
+        pending.append((chunk, pool.submit(_deflate, chunk, previous[-_WINDOW:], level, last)))
+        previous = chunk
+        while len(pending) >= window:
+            done_chunk, future = pending.popleft()
+            yield done_chunk, *future.result()
+    while pending:
+        done_chunk, future = pending.popleft()
+        yield done_chunk, *future.result()
+
+
+def _deflate(chunk: bytes, dictionary: bytes, level: int, last: bool) -> tuple[bytes, int]:
+    compressor = zlib_ng.compressobj(level, zlib_ng.DEFLATED, -15, zlib_ng.DEF_MEM_LEVEL, zlib_ng.Z_DEFAULT_STRATEGY,
+                                     **({"zdict": dictionary} if dictionary else {}))
+    data = compressor.compress(chunk) + compressor.flush(zlib_ng.Z_FINISH if last else zlib_ng.Z_SYNC_FLUSH)
+    return data, zlib_ng.crc32(chunk)
+
+
+def _chunks(content: bytes | Path) -> Iterator[tuple[bytes, bool]]:
+    """``content`` in CHUNK pieces, each with whether it is the last (an empty member is one empty piece)."""
+    if isinstance(content, bytes):
+        pieces = [content[i:i + CHUNK] for i in range(0, len(content), CHUNK)] or [b""]
+        for index, piece in enumerate(pieces):
+            yield piece, index == len(pieces) - 1
+        return
+    with content.open("rb") as data:
+        current = data.read(CHUNK)
+        while True:
+            following = data.read(CHUNK) if len(current) == CHUNK else b""
+            yield current, not following
+            if not following:
+                return
+            current = following
+
+
+def _copy_range(source: io.BufferedReader, sink: io.BufferedRandom, length: int) -> None:
+    sink.flush()
+    position = source.tell()
+    copied = 0
+    try:  # in the kernel, no copy through user space (and reflinks where the file system has them)
+        while copied < length:
+            done = os.copy_file_range(source.fileno(), sink.fileno(), length - copied, position + copied)
+            if not done:
+                break
+            copied += done
+        sink.seek(0, os.SEEK_END)
+    except OSError:
+        pass
+    if copied < length:
+        source.seek(position + copied)
+        remaining = length - copied
+        while remaining:
+            block = source.read(min(remaining, 1 << 20))
+            if not block:
+                raise zipfile.BadZipFile(f"{source.name}: member data ends early")
+            sink.write(block)
+            remaining -= len(block)
+
+
+def _record_rows(archive: zipfile.ZipFile, record: str) -> dict[str, tuple[str, str, str]]:
+    text = archive.read(record).decode("utf-8")
+    return {row[0]: (row[0], row[1], row[2]) for row in csv.reader(io.StringIO(text)) if len(row) == 3}
+
+
+def _without_zip64(extra: bytes) -> bytes:
+    """The extra field without its ZIP64 record (written anew where needed)."""
+    kept = bytearray()
+    position = 0
+    while position + 4 <= len(extra):
+        kind, length = struct.unpack_from("<HH", extra, position)
+        if kind != _ZIP64_EXTRA:
+            kept += extra[position:position + 4 + length]
+        position += 4 + length
+    return bytes(kept)
+
+
+def _like(member: zipfile.ZipInfo) -> zipfile.ZipInfo:
+    """A fresh entry with ``member``'s name, time stamp and permissions."""
+    info = zipfile.ZipInfo(member.filename, date_time=member.date_time)
+    info.external_attr = member.external_attr
+    return info
+
+
+def _dos_time(info: zipfile.ZipInfo) -> tuple[int, int]:
+    year, month, day, hour, minute, second = info.date_time
+    return (hour << 11 | minute << 5 | second // 2), ((max(year, 1980) - 1980) << 9 | month << 5 | day)
+
+
+def _newest(archive: zipfile.ZipFile) -> tuple[int, int, int, int, int, int]:
+    """Added members get the newest time stamp of the source (SOURCE_DATE_EPOCH builds stay reproducible)."""
+    return max((info.date_time for info in archive.infolist()), default=(1980, 1, 1, 0, 0, 0))
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def copy_file(source: Path, dest: Path) -> Path:
+    """``source`` to ``dest`` atomically, for a wheel that needs no change."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
+    os.close(handle)
+    temp = Path(temp_name)
+    try:
+        shutil.copyfile(source, temp)
+        temp.chmod(0o666 & ~_umask())
+        os.replace(temp, dest)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    return dest

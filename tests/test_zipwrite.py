@@ -1,0 +1,97 @@
+"""The floor writer: raw copies of unchanged members, parallel chunked deflate, ZIP64 records.
+
+Archives are read back by zipfile and by Info-ZIP's ``unzip -t``, two independent readers."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import struct
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pipeline.cmd import run
+from pipeline.wheelfile import check_wheel
+from pipeline.zipwrite import CHUNK, Added, write_wheel
+
+DIST_INFO = "demo-1.0.dist-info"
+# Several deflate chunks with a tail, half random (barely compressible) and half repetitive.
+BIG = random.Random(11).randbytes(CHUNK + CHUNK // 3) + b"rocm " * (CHUNK // 5)
+
+
+@pytest.fixture
+def wheel(platform_wheel: Callable[..., Path], tmp_path: Path) -> Path:
+    return platform_wheel(tmp_path / "in", "demo", {
+        "demo/__init__.py": b"X = 1\n", "demo/_ext.so": b"\x7fELF fake" * 1000, "demo/data.bin": BIG,
+    })
+
+
+def _unzip_test(path: Path) -> str:
+    if not shutil.which("unzip"):
+        pytest.skip("unzip is not installed (make system-deps installs it)")
+    return run(["unzip", "-t", path]).output
+
+
+def _raw_member(path: Path, name: str) -> bytes:
+    """A member's local header, name, extra field and compressed data, as stored."""
+    with zipfile.ZipFile(path) as archive:
+        info = archive.getinfo(name)
+    with path.open("rb") as data:
+        data.seek(info.header_offset)
+        header = data.read(30)
+        length = 30 + sum(struct.unpack("<HH", header[26:30])) + info.compress_size
+        data.seek(info.header_offset)
+        return data.read(length)
+
+
+def test_unchanged_members_are_copied_as_their_compressed_bytes(wheel: Path, tmp_path: Path) -> None:
+    dest = write_wheel(wheel, tmp_path / "out" / wheel.name, record=f"{DIST_INFO}/RECORD",
+                       changed={"demo/_ext.so": b"\x7fELF patched"}, threads=2)
+    for name in ("demo/__init__.py", "demo/data.bin", f"{DIST_INFO}/METADATA"):
+        assert _raw_member(dest, name) == _raw_member(wheel, name)
+    check_wheel(dest, verify_hashes=True)  # RECORD rows: reused for copies, new for the patched member
+    assert zipfile.ZipFile(dest).read("demo/_ext.so") == b"\x7fELF patched"
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_large_member_deflated_in_chunks_is_one_valid_stream(wheel: Path, tmp_path: Path, threads: int) -> None:
+    changed = tmp_path / "data.bin"
+    changed.write_bytes(BIG[::-1])
+    dest = write_wheel(wheel, tmp_path / "out" / wheel.name, record=f"{DIST_INFO}/RECORD",
+                       changed={"demo/data.bin": changed}, threads=threads)
+    with zipfile.ZipFile(dest) as archive:
+        assert archive.read("demo/data.bin") == BIG[::-1]  # zipfile checks the CRC too
+        assert archive.getinfo("demo/data.bin").compress_size < len(BIG)
+    check_wheel(dest, verify_hashes=True)
+    assert "No errors detected" in _unzip_test(dest)
+
+
+def test_forced_zip64_records_read_back(wheel: Path, tmp_path: Path) -> None:
+    library = tmp_path / "libgrafted.so"
+    library.write_bytes(b"\x7fELF grafted")
+    dest = write_wheel(wheel, tmp_path / "out" / wheel.name, record=f"{DIST_INFO}/RECORD",
+                       changed={"demo/__init__.py": b"X = 2\n"},
+                       added={"demo.libs/libgrafted.so": Added(library, 0o755)}, force_zip64=True)
+    raw = dest.read_bytes()
+    assert raw.count(struct.pack("<I", 0x06064B50)) == 1 and raw.count(struct.pack("<I", 0x07064B50)) == 1
+    with zipfile.ZipFile(dest) as archive:
+        for info in archive.infolist():
+            # every central entry carries a ZIP64 extra field (id 1) with its sizes and offset
+            assert struct.unpack_from("<H", info.extra)[0] == 1, info.filename
+        assert archive.read("demo/__init__.py") == b"X = 2\n"
+        assert archive.read("demo/data.bin") == BIG
+        assert (archive.getinfo("demo.libs/libgrafted.so").external_attr >> 16) & 0o777 == 0o755
+        assert archive.testzip() is None
+    check_wheel(dest, verify_hashes=True)
+    assert "No errors detected" in _unzip_test(dest)
+
+
+def test_a_failed_write_leaves_nothing(wheel: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="not members"):
+        write_wheel(wheel, out / wheel.name, record=f"{DIST_INFO}/RECORD", changed={"demo/absent.py": b""})
+    assert os.listdir(out) == []
