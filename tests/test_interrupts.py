@@ -25,6 +25,7 @@ from hip_wheels import EXT, Built
 from pipeline.cmd import run
 from pipeline.interrupts import PRIVATE_PREFIX
 
+REPO = Path(__file__).resolve().parents[1]
 SIGNALS = pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 
 
@@ -274,3 +275,25 @@ def test_repair_interrupted_then_repaired(tmp_path: Path, built: Built, stop: si
     assert again.returncode == 0, err
     assert Path(out.strip()).is_file()
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.hipcc
+def test_build_interrupted_while_compiling_then_built(tmp_path: Path, hipcc: str, canary_targets: tuple[str, ...]) -> None:
+    """SIGTERM (a CI cancel) while the canary compiles: the build tools stop, no wheel is left
+    half-written, TMPDIR is clean, and the same command builds next time."""
+    args = ["--recipes-dir", str(REPO / "recipes"), "--wheelhouse", "wheelhouse", "--work-dir", "work",
+            "build", "--driver", "local", "--arch", canary_targets[0], "--recipes", "rocm-canary"]
+    log = tmp_path / "wheelhouse" / "logs" / "rocm-canary.log"
+    process = start(args, tmp_path, {"HIP_PLATFORM": "amd"})
+    wait_for(lambda: process.poll() is not None or (log.exists() and "-m build --wheel" in log.read_text()),
+             "the compile starts", timeout=300)
+    status, err = stop_and_wait(process, signal.SIGTERM)
+    assert status == 143, err
+    assert "Traceback" not in err and "interrupted by signal 15" in err
+    assert leftovers(tmp_path) == []
+    assert not list(tmp_path.rglob("*.whl"))
+
+    again = start(args, tmp_path, {"HIP_PLATFORM": "amd"})
+    out, err = again.communicate(timeout=600)
+    assert again.returncode == 0, err
+    assert "raw wheel" in out and leftovers(tmp_path) == []
