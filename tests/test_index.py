@@ -165,8 +165,8 @@ def test_a_file_changed_on_the_static_index_fails_the_hash_checked_install(tmp_p
     wheelhouse = tmp_path / "wheelhouse"
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
     build_static_index(wheelhouse)
-    (constraints,) = write_constraints(wheelhouse)
+    (requirements,) = write_requirements(wheelhouse)
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9", build="tampered")  # same name, other bytes
 
     with static_server(wheelhouse) as url, pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
-        pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "-c", constraints, CANARY)
+        pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "--require-hashes", "--no-deps", "-r", requirements)
