@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from auditwheel.error import NonPlatformWheelError, WheelToolsError
-from auditwheel.lddtree import ldd
+from auditwheel.lddtree import ldd, load_ld_paths
 from auditwheel.wheel_abi import analyze_wheel_abi
 from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
@@ -74,6 +74,7 @@ def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: 
     except WheelToolsError:
         libc = None
     base = plat.removesuffix(f"_{architecture.value}") if plat and architecture else plat
+    load_ld_paths.cache_clear()  # lddtree keeps the LD_LIBRARY_PATH of its first call in this process
     try:
         abi = analyze_wheel_abi(libc, architecture, wheel, frozenset(excludes), disable_isa_ext_check=False,
                                 allow_graft=True, requested_policy_base_name=base or "auto")
@@ -169,8 +170,10 @@ def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:
 
 def _too_recent(wheel: Path) -> RocwheelsError:
     return RocwheelsError(
-        f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows",
-        fix="drop the plat setting (auditwheel then picks the tag the symbols allow), or build in an older builder image",
+        f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows "
+        "(or newer than every manylinux platform)",
+        fix="build in an older builder image (a manylinux one); if the lock line or --plat sets a platform, "
+            "dropping it lets auditwheel pick the tag the symbols allow",
     )
 
 

@@ -234,7 +234,11 @@ def _taken_from(
     added: dict[str, Added] = {}
     for name in different:
         if name in members:
-            changed[name] = tree[name] = files[name]
+            changed[name] = files[name]
+            if _is_elf_file(files[name]):
+                tree[name] = files[name]
+            else:  # an ELF script auditwheel moved to <pkg>.scripts/, leaving a Python shim in its place
+                tree.pop(name, None)
         else:
             added[name] = Added(files[name], (new[name].external_attr >> 16) & 0o777 or 0o644)
     dropped = {name for name in old if name not in new and name not in own}
