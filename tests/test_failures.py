@@ -372,6 +372,8 @@ def test_failure(case: Case, project: Project, capsys, monkeypatch) -> None:
     for phrase in case.says:
         assert phrase in output, (phrase, output)
     assert "Traceback" not in output
+    if case.status and "Usage:" not in output:  # the project's own errors, not click's usage errors
+        assert "fix:" in output, output
     if case.status:
         assert "error" in output.lower()  # "error: <cause>\n  fix: ..." or click's "Error: ..." for usage
     assert leftovers(project) == []
