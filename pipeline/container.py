@@ -262,7 +262,8 @@ def before_build_script(step: Step, *, shared: bool = False) -> str:
 def smoke_script(smoke: Smoke, *, gpu: bool, shared: bool = False) -> str:
     """``smoke.sh``: the recipe's smoke checks, in cibuildwheel's fresh venv holding the repaired wheel
     (first, with a shared cache, sccache's statistics of the build just done)."""
-    stats = [f"echo {shlex.quote(SCCACHE_BEGIN)}", "sccache --show-stats --stats-format json", f"echo {shlex.quote(SCCACHE_END)}"] if shared else []
+    stats = [f"echo {shlex.quote(SCCACHE_BEGIN)}", "sccache --show-stats --stats-format json", "echo",  # its JSON ends without a newline
+             f"echo {shlex.quote(SCCACHE_END)}"] if shared else []
     lines = ["#!/bin/bash", "set -euxo pipefail", *stats, *(f"python -c {shlex.quote(snippet)}" for snippet in smoke.snippets(gpu=gpu))]
     return "\n".join(lines) + "\n"
 
