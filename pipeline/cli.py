@@ -352,10 +352,11 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
-    """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login."""
+    """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login; its log: PACKAGES/../pypiserver.log."""
     from .serve import serve
 
-    serve(packages, htpasswd, host=host, port=port)
+    # pypiserver's own output (requests, and a traceback if it fails) goes to a file beside the packages.
+    serve(packages, htpasswd, host=host, port=port, log_file=packages.parent / "pypiserver.log")
 
 
 @cli.command("demo")

@@ -116,10 +116,14 @@ class RepairSettings:
 
     def cli_options(self) -> list[str]:
         """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
+        from .rocm_wheels import package_links
+
         options = ["--rocm-provider", "wheels"] if self.rocm_lib_dir is None else ["--rocm-lib-dir", self.rocm_lib_dir]
+        # --rocm-provider wheels brings the ROCm packages' links itself.
+        links = [link for link in self.link_packages if self.rocm_lib_dir is not None or link not in package_links()]
         if self.plat:
             options += ["--plat", self.plat]
-        for flag, values in (("--exclude", self.excludes), ("--link-package", self.link_packages),
+        for flag, values in (("--exclude", self.excludes), ("--link-package", links),
                              ("--rpath", self.extra_rpath), ("--requires-pin", self.requires_pins)):
             for value in values:
                 options += [flag, value]
