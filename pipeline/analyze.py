@@ -12,8 +12,8 @@ import mmap
 import posixpath
 import re
 import tempfile
-from collections import deque
 import zipfile
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
 from .offload import OffloadBundleError, gpu_targets, parse_fatbin
+from .platform_tag import symbol_versions
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
 from .wheelfile import WheelInfo, check_wheel, extract, open_wheel
 
@@ -60,6 +61,7 @@ class ElfMember:
     compression: tuple[str, ...] = ()
     fatbin_error: str | None = None
     amdgpu_processor: str | None = None  # a standalone GPU code object
+    symbol_versions: tuple[tuple[str, str], ...] = ()  # (library, version) it needs: ("libc.so.6", "GLIBC_2.34")
 
 
 @dataclass(frozen=True)
@@ -148,16 +150,16 @@ def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalys
             extracted = extract(archive, [name], Path(scratch))[name]
             elf = read_elf(extracted, with_fatbin=False)
             # The GPU code is streamed from a mapping of the file, never held: a torch wheel holds gigabytes of it.
-            raw.append((name, elf, _code_objects(extracted)))
+            raw.append((name, elf, _code_objects(extracted), symbol_versions(extracted)))
             extracted.unlink()  # one large library at a time on disk
-    installed = {_install_path(name): elf for name, elf, _ in raw if elf.machine != "EM_AMDGPU"}
+    installed = {_install_path(name): elf for name, elf, _, _ in raw if elf.machine != "EM_AMDGPU"}
     loader = MUSL_LOADER if libc_of(list(installed.values())) is Libc.MUSL else GLIBC_LOADER
     resolved = _Resolver(installed, layout, loader).resolve_all()
     members = tuple(
         ElfMember(name, _install_path(name), elf.soname, tuple(elf.runpath or elf.rpath),
                   resolved.get(_install_path(name), ()), code.targets, code.bundles, code.compression, code.error,
-                  elf.amdgpu_processor)
-        for name, elf, code in raw
+                  elf.amdgpu_processor, versions)
+        for name, elf, code, versions in raw
     )
     return WheelAnalysis(info, members, layout)
 

@@ -9,12 +9,12 @@ the auditwheel versions ``pyproject.toml`` allows.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 import os
 import re
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from auditwheel.error import NonPlatformWheelError, WheelToolsError
@@ -101,16 +101,20 @@ def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: 
         except LookupError:
             raise RocwheelsError(f"cannot repair {wheel.name}: auditwheel knows no platform {plat!r}",
                                  fix="set the lock line's platform to a tag such as manylinux_2_28_x86_64") from None
-        if policy > abi.sym_policy:
-            raise _too_recent(wheel)
-        for limit, why in ((abi.ucs_policy, "it was built against a UCS2 Python"),
-                           (abi.blacklist_policy, "it uses black-listed symbols"),
-                           (abi.machine_policy, "it uses ISA extensions the platform does not allow")):
-            if policy > limit:
-                raise RocwheelsError(f"cannot repair {wheel.name} to {plat}: {why}",
-                                     fix="drop the plat setting, or rebuild in the line's builder image")
+    elif abi.overall_policy == policies.linux:
+        # Only a missing library (reported below) may still lead to a manylinux tag. Contents that
+        # allow linux_* only must not get auditwheel's automatic fallback, its newest manylinux tag.
+        policy = policies.lowest
     else:
-        policy = policies.lowest if abi.overall_policy == policies.linux else abi.overall_policy
+        policy = abi.overall_policy
+    if policy > abi.sym_policy:
+        raise _too_recent(wheel)
+    for limit, why in ((abi.ucs_policy, "it was built against a UCS2 Python"),
+                       (abi.blacklist_policy, "it uses black-listed symbols"),
+                       (abi.machine_policy, "it uses ISA extensions the platform does not allow")):
+        if policy > limit:
+            raise RocwheelsError(f"cannot repair {wheel.name} to {policy.name}: {why}",
+                                 fix="drop the plat setting, or rebuild in the line's builder image")
     grafts: dict[str, tuple[str, ...]] = {}
     for path, references in abi.full_external_refs.items():
         libraries = references[policy.name].libs
@@ -165,7 +169,7 @@ def _explain(output: str, raw_wheel: Path, log_file: Path | None, who_needs: Who
         return _no_compiled_code(raw_wheel)
     if "in purelib folder" in output:
         return _purelib(raw_wheel)
-    return _failed(raw_wheel, f"its last lines:\n{cmd.tail(output, 15).rstrip() or 'no output'}", log_file)
+    return _failed(raw_wheel, cmd.tail(output, 15).rstrip() or "no output", log_file)
 
 
 def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:
@@ -178,8 +182,10 @@ def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:
 
 def _too_recent(wheel: Path) -> RocwheelsError:
     return RocwheelsError(
-        f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows",
-        fix="drop the plat setting (auditwheel then picks the tag the symbols allow), or build in an older builder image",
+        f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows "
+        "(or newer than every manylinux platform)",
+        fix="build in an older builder image (a manylinux one); if the lock line or --plat sets a platform, "
+            "dropping it lets auditwheel pick the tag the symbols allow",
     )
 
 
@@ -200,7 +206,7 @@ def _purelib(wheel: Path) -> RocwheelsError:
 def _failed(wheel: Path, reason: str, log_file: Path | None) -> RocwheelsError:
     where = f" (full output: {log_file})" if log_file else ""
     return RocwheelsError(
-        f"auditwheel could not repair {wheel.name}{where}; {reason}",
+        f"auditwheel could not repair {wheel.name}{where}; its last lines:\n{reason}",
         fix="rerun the logged auditwheel command by hand to investigate",
     )
 

@@ -11,7 +11,6 @@ those wheels up to date by their provenance and builds only its own recipe.
 
 from __future__ import annotations
 
-import html.parser
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from .errors import RocwheelsError
+from .index import page_links
 from .layout import Layout
 from .log import recipe_logger
 from .plan import Plan
@@ -164,19 +164,6 @@ def render(matrix: Matrix, output_format: str, *, arch: str, recipes: str | None
 # --- wheels reused from the team's index ---
 
 
-class _Links(html.parser.HTMLParser):
-    """The ``<a href>`` targets of a PEP 503 project page."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        href = dict(attrs).get("href")
-        if tag == "a" and href:
-            self.hrefs.append(href)
-
-
 def _get(url: str) -> bytes | None:
     """The body at ``url``; None when the index has nothing there (404)."""
     try:
@@ -209,10 +196,8 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, in
         fingerprint = prints[step.name][0]
         project_url = urllib.parse.urljoin(root, step.recipe.dist_name.replace("_", "-").lower() + "/")
         page = _get(project_url)
-        links = _Links()
-        links.feed((page or b"").decode("utf-8", "replace"))
         count = 0
-        for href in links.hrefs:
+        for href in page_links((page or b"").decode("utf-8", "replace")):
             url = urllib.parse.urljoin(project_url, href).split("#", 1)[0]
             filename = urllib.parse.unquote(url.rsplit("/", 1)[-1])
             if not _wanted(filename, step.recipe.dist_name, step.wheel_version, pythons):

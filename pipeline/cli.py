@@ -20,6 +20,7 @@ from .plan import (
     Plan,
     describe,
     label_aliases,
+    linked_pins,
     plan_document,
     select_plan,
     wheel_origin,
@@ -246,7 +247,7 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
         if recipe and line:
-            expect = expectations_for(recipe, line, targets, version=wheel_version(recipe, line))
+            expect = expectations_for(recipe, line, targets, version=wheel_version(recipe, line), pins=linked_pins(obj.layout, recipe, line))
         else:
             expect = Expectations(targets=targets)
         if rocm_lib_dir:
@@ -351,10 +352,11 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
-    """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login."""
+    """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login; its log: PACKAGES/../pypiserver.log."""
     from .serve import serve
 
-    serve(packages, htpasswd, host=host, port=port)
+    # pypiserver's own output (requests, and a traceback if it fails) goes to a file beside the packages.
+    serve(packages, htpasswd, host=host, port=port, log_file=packages.parent / "pypiserver.log")
 
 
 @cli.command("demo")

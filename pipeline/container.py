@@ -49,6 +49,7 @@ from .log import recipe_logger
 from .plan import Plan, Step
 from .recipes import LOCK_FILE, Smoke
 from .repair import RepairSettings
+from .rocm_wheels import BUILDER_ROCM_WHEELS
 from .smoke import gpu_present
 from .sources import cache_dir, prepare_source
 from .wheels import Driver
@@ -189,7 +190,7 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
         "CMAKE_HIP_COMPILER_LAUNCHER": launcher,
         "HIPCC": SCCACHE_HIPCC if shared else CCACHE_HIPCC,
         # pip finds the depends_on wheels here: before the build, and in the smoke test's venv.
-        **({"PIP_FIND_LINKS": f"{CONTAINER_PROJECT}/{HELPERS}/deps"} if step.dependencies else {}),
+        **({"PIP_FIND_LINKS": " ".join(links)} if (links := _find_links(step, line)) else {}),
     }
     # The shared cache's settings and logins pass verbatim, like the recipe's variables.
     passed = {**step.env, **(shared.env if shared else {}), **{key: os.environ[key] for key in SCCACHE_VARIABLES if shared and key in os.environ}}
@@ -213,6 +214,11 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
         "CIBW_REPAIR_WHEEL_COMMAND": repair_command(plan, step),
         "CIBW_TEST_COMMAND": f"bash {{project}}/{HELPERS}/smoke.sh",
     }
+
+
+def _find_links(step: Step, line: Line) -> list[str]:
+    """Where pip finds the depends_on wheels, and a `wheels` line's ROCm packages (kept in the image)."""
+    return [*([f"{CONTAINER_PROJECT}/{HELPERS}/deps"] if step.dependencies else []), *([BUILDER_ROCM_WHEELS] if line.rocm_wheels else [])]
 
 
 def repair_command(plan: Plan, step: Step) -> str:
@@ -262,7 +268,8 @@ def before_build_script(step: Step, *, shared: bool = False) -> str:
 def smoke_script(smoke: Smoke, *, gpu: bool, shared: bool = False) -> str:
     """``smoke.sh``: the recipe's smoke checks, in cibuildwheel's fresh venv holding the repaired wheel
     (first, with a shared cache, sccache's statistics of the build just done)."""
-    stats = [f"echo {shlex.quote(SCCACHE_BEGIN)}", "sccache --show-stats --stats-format json", f"echo {shlex.quote(SCCACHE_END)}"] if shared else []
+    stats = [f"echo {shlex.quote(SCCACHE_BEGIN)}", "sccache --show-stats --stats-format json", "echo",  # its JSON ends without a newline
+             f"echo {shlex.quote(SCCACHE_END)}"] if shared else []
     lines = ["#!/bin/bash", "set -euxo pipefail", *stats, *(f"python -c {shlex.quote(snippet)}" for snippet in smoke.snippets(gpu=gpu))]
     return "\n".join(lines) + "\n"
 

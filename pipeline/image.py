@@ -91,8 +91,10 @@ def build_image(
             log.info("builder image %s is up to date", tag)
             return tag
         arg_flags = [flag for key, value in build_args.items() for flag in ("--build-arg", f"{key}={value}")]
+        # The ROCm packages' index may be a mirror on this host's loopback (a private index).
+        network = ["--network=host"] if rocm_wheels else []
         run(
-            engine.command("build", "--file", context / "Dockerfile", *arg_flags, "--tag", tag, context),
+            engine.command("build", "--file", context / "Dockerfile", *arg_flags, *network, "--tag", tag, context),
             env=engine.env,
             log_file=log_file,
         )

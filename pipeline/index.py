@@ -7,6 +7,7 @@ another, so each line gets its own index tree (``simple/rocm6.2/``) and its own 
 from __future__ import annotations
 
 import html
+from html.parser import HTMLParser
 import logging
 import os
 import shutil
@@ -236,3 +237,21 @@ def _constraints_name(label: str) -> str:
 
 def _requirements_name(label: str) -> str:
     return f"requirements-{label}.txt"
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.hrefs.append(href)
+
+
+def page_links(page: str) -> list[str]:
+    """The ``<a href>`` targets of a PEP 503 project page, in order."""
+    anchors = _Anchors()
+    anchors.feed(page)
+    return anchors.hrefs

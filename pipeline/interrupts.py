@@ -34,6 +34,8 @@ def _interrupt(signum: int, _frame: object) -> None:
 def interruptible() -> Iterator[Path]:
     """For one command's lifetime (main thread): signals unwind; TMPDIR is a private folder, removed at the end."""
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    # Held back until the cleanup below is in place: a signal in between would leave the folder.
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
     saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
     # Children inherit TMPDIR from the environment; this process's tempfile reads tempfile.tempdir.
@@ -41,6 +43,7 @@ def interruptible() -> Iterator[Path]:
     for signum in SIGNALS:
         signal.signal(signum, _interrupt)
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         yield private
     finally:
         for signum in SIGNALS:

@@ -27,7 +27,8 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(path, "", "file not found") from None
+        raise ConfigError(path, "", "file not found",
+                          fix="run rocwheels in the project folder, or point --recipes-dir (ROCWHEELS_RECIPES) at its recipes") from None
     except IsADirectoryError:
         raise ConfigError(path, "", "is a folder, not a TOML file", fix=f"remove or rename the folder {path.name}") from None
     except UnicodeDecodeError as exc:
@@ -61,7 +62,7 @@ def validate(model: type[M], data: dict[str, Any], path: Path) -> M:
             if sub:
                 field = ".".join(filter(None, [field, sub.group(1)]))
                 message = sub.group(2)
-        raise ConfigError(path, field, message) from None
+        raise ConfigError(path, field, message, fix=f"correct {field or 'the file'}; recipes/README.md describes every key") from None
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

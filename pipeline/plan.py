@@ -24,6 +24,7 @@ from .host import host_rocm_version
 from .layout import Layout
 from .lock import Line
 from .recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
+from .requirements import linked_builds
 from .targets import GpuTarget, check_supported, format_targets, parse_targets
 
 log = logging.getLogger("rocwheels")
@@ -289,6 +290,14 @@ def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe 
         if rocm or label == str(version):
             return recipe, line
     return None, None
+
+
+def linked_pins(layout: Layout, recipe: Recipe, line: Line) -> tuple[str, ...]:
+    """The exact requirements ``recipe``'s wheels built for ``line`` carry (what verify checks)."""
+    recipes = load_recipes(layout.recipes_dir)
+    dependencies = [(dep.dist_name, wheel_version(dep, line))
+                    for dep in (recipes[name].at(line.versions[name], layout.recipes_dir) for name in recipe.depends_on)]
+    return linked_builds(recipe, dependencies)
 
 
 def label_aliases(layout: Layout) -> dict[str, str]:

@@ -1,73 +1,71 @@
-"""Which platform tag a wheel's contents allow: auditwheel's own policy analysis (symbol
-versions of glibc, libstdc++ and friends, instruction-set level, blacklisted symbols).
+"""Which platform tag a wheel's contents allow: the symbol-version analysis of auditwheel's
+policies (the glibc, libstdc++, libgcc ... versions each manylinux/musllinux policy offers).
 
-repair asks before it writes a tag, verify asks of every wheel: a ``manylinux_2_X`` tag is a
-promise that the wheel runs on any distribution with glibc 2.X, and only the contents can keep it.
+verify asks of every wheel (repair runs auditwheel's whole analysis in ``audit.analyze``): a
+``manylinux_2_X`` tag is a promise that the wheel runs on any distribution with glibc 2.X, and
+only the contents can keep it. The versions come from each ELF file's DT_VERNEED
+(``.gnu.version_r``), read while ``analyze`` has the file on disk anyway: auditwheel's whole-wheel
+analysis unpacks the wheel again and walks every symbol table (158 s on a 192 MB torch wheel here).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from auditwheel.error import AuditwheelError, NonPlatformWheelError
-from auditwheel.wheel_abi import analyze_wheel_abi
+from auditwheel.architecture import Architecture
+from auditwheel.elfutils import elf_find_versioned_symbols
+from auditwheel.libc import Libc
+from auditwheel.policy import WheelPolicies
 from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
-from .analyze import DEFAULT_LIBRARY_DIRS, MUSL_LIBRARY_DIRS
-from .errors import RocwheelsError
+
+# (needed library, version) pairs, e.g. ("libc.so.6", "GLIBC_2.34")
+SymbolVersions = Iterable[tuple[str, str]]
 
 
 @dataclass(frozen=True)
 class AllowedPlatform:
-    best: str  # the most compatible tag the contents allow (linux_x86_64 when no manylinux one is)
+    best: str  # the most compatible tag the contents allow (linux_<arch> when no manylinux one is)
     problem: str | None  # why the tag asked about is not allowed; None when it is
 
 
-def check_platform_tag(wheel: Path, tag: str, excludes: Sequence[str]) -> AllowedPlatform | None:
-    """Whether the contents of ``wheel`` allow platform ``tag``; None for a wheel without ELF files.
+def symbol_versions(path: Path) -> tuple[tuple[str, str], ...]:
+    """The versioned symbols ELF file ``path`` needs from other libraries (auditwheel's reader)."""
+    try:
+        with path.open("rb") as stream:
+            return tuple(elf_find_versioned_symbols(ELFFile(stream)))
+    except ELFError:
+        return ()  # not a file the loader would map either; the ELF checks report it
 
-    ``excludes`` are the soname patterns repair left out of the wheel (ROCm's, linked packages'):
-    their symbols are the target machine's business, as in ``auditwheel repair --exclude``.
-    """
-    # auditwheel logs each file it reads at INFO: keep rocwheels' output to its own lines.
-    logging.getLogger("auditwheel").setLevel(logging.WARNING)
-    # The system folders of the tag's C library only: not the build host's LD_LIBRARY_PATH (nor
-    # auditwheel's in-process cache of it, which a later lddtree call would inherit).
-    folders = MUSL_LIBRARY_DIRS if tag.startswith("musllinux") else DEFAULT_LIBRARY_DIRS
+
+def check_platform_tag(versions: SymbolVersions, tag: str) -> AllowedPlatform:
+    """Whether a wheel needing ``versions`` may carry the manylinux/musllinux ``tag``."""
+    arch = next((a for a in Architecture if tag.endswith(f"_{a.value}")), None)
+    if arch is None or not tag.startswith(("manylinux", "musllinux")):
+        return AllowedPlatform(tag, f"{tag} is not a manylinux or musllinux tag")
+    if tag.startswith("musllinux"):
+        policies = WheelPolicies(libc=Libc.MUSL, arch=arch, musl_policy=tag.removesuffix(f"_{arch.value}"))
+    else:
+        policies = WheelPolicies(libc=Libc.GLIBC, arch=arch)
     try:
-        abi = analyze_wheel_abi(None, None, wheel, frozenset(excludes), disable_isa_ext_check=False, allow_graft=True,
-                                args_ldpaths=":".join(folders))
-    except NonPlatformWheelError:
-        return None
-    except (AuditwheelError, ELFError) as exc:
-        return AllowedPlatform("unknown", f"auditwheel cannot analyse it for {tag}: {exc}")
-    best = abi.overall_policy
-    try:
-        wanted = abi.policies.get_policy_by_name(tag)
-    except LookupError:
-        known = ", ".join(p.name for p in abi.policies)
-        return AllowedPlatform(best.name, f"{tag} is no platform tag auditwheel knows ({known})")
+        wanted = policies.get_policy_by_name(tag)
+    except (LookupError, ValueError):
+        return AllowedPlatform(tag, f"{tag} is no platform tag auditwheel knows ({', '.join(p.name for p in policies)})")
+    needed: dict[str, set[str]] = {}
+    for library, version in versions:
+        needed.setdefault(library, set()).add(version)
+    best = policies.versioned_symbols_policy(needed)
     if wanted.priority <= best.priority:  # higher priority: runs on more (older) systems
         return AllowedPlatform(best.name, None)
-    limits = {"symbol versions": abi.sym_policy, "instruction set": abi.machine_policy, "blacklisted symbols": abi.blacklist_policy,
-              "UCS-2 symbols": abi.ucs_policy, "PyFPE_jbuf": abi.pyfpe_policy}
-    reasons = [f"{what} allow at most {policy.name}" for what, policy in limits.items() if policy.priority < wanted.priority]
-    too_new = sorted(f"{library} {version}" for library, versions in abi.versioned_symbols.items() for version in versions
-                     if version.partition("_")[2] not in wanted.symbol_versions.get(version.partition("_")[0], {version.partition("_")[2]}))
-    if too_new:
-        reasons.append(f"needs {', '.join(too_new)}")
-    return AllowedPlatform(best.name, f"its contents do not allow {tag} ({'; '.join(reasons)}); the most they allow is {best.name}")
+    too_new = sorted(f"{library} {version}" for library, names in needed.items() for version in names
+                     if _beyond(version, wanted.symbol_versions))
+    return AllowedPlatform(best.name, f"its contents do not allow {tag}: they need {', '.join(too_new)}; "
+                                      f"the most they allow is {best.name}")
 
 
-def require_platform_tag(wheel: Path, tag: str, excludes: Sequence[str]) -> None:
-    """Stop before ``tag`` is written on a wheel whose contents do not allow it."""
-    allowed = check_platform_tag(wheel, tag, excludes)
-    if allowed is not None and allowed.problem:
-        raise RocwheelsError(
-            f"cannot tag {wheel.name} {tag}: {allowed.problem}",
-            fix="build in an older builder image (a manylinux one), or stop using the newer symbols; "
-                "a wheel only linux_* allows cannot be shared as manylinux",
-        )
+def _beyond(version: str, offered: Mapping[str, frozenset[str]]) -> bool:
+    family, _, number = version.partition("_")
+    return family in offered and number not in offered[family]

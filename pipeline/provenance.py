@@ -136,10 +136,11 @@ def check_record(wheel: Path) -> tuple[bool, str]:
     try:
         record = Provenance.read(path)
     except RocwheelsError as exc:
-        return False, exc.message
+        return False, str(exc)
     if record.wheel != wheel.name:
         return False, f"{path.name} describes {record.wheel}, not this wheel"
     actual = file_sha256(wheel)
     if actual != record.sha256:
-        return False, f"sha256 {actual} differs from the provenance record's {record.sha256}: the wheel changed after it was verified"
+        return False, (f"sha256 {actual} differs from the provenance record's {record.sha256}: the wheel changed after it was "
+                       f"verified (fix: rebuild it with rocwheels wheels ... --force)")
     return True, f"provenance: fingerprint {record.fingerprint[:12]}, sha256 matches"

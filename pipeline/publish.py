@@ -15,7 +15,6 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from pathlib import Path
 from urllib.error import HTTPError, URLError
 from urllib.parse import unquote, urlsplit
@@ -31,7 +30,7 @@ from twine.utils import DEFAULT_CONFIG_FILE, get_repository_from_config
 
 from .cmd import run
 from .errors import RocwheelsError
-from .index import WheelFile, scan_wheels
+from .index import WheelFile, page_links, scan_wheels
 
 log = logging.getLogger("rocwheels")
 
@@ -210,23 +209,10 @@ def _read_page(opener: OpenerDirector, url: str, *, missing_ok: bool = False) ->
         raise _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}") from None
 
 
-class _Anchors(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.hrefs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        href = dict(attrs).get("href")
-        if tag == "a" and href:
-            self.hrefs.append(href)
-
-
 def _file_links(page: str) -> dict[str, str | None]:
     """File name -> sha256 from a PEP 503 project page (anchors end in ``#sha256=<hex>``)."""
-    anchors = _Anchors()
-    anchors.feed(page)
     files: dict[str, str | None] = {}
-    for href in anchors.hrefs:
+    for href in page_links(page):
         link = urlsplit(href)
         algorithm, _, digest = link.fragment.partition("=")
         files[unquote(link.path.rsplit("/", 1)[-1])] = digest.lower() if algorithm == "sha256" and digest else None

@@ -301,7 +301,8 @@ def load_recipe(path: Path) -> RecipeFile:
         raise ConfigError(path, "name", "use lowercase letters, digits and '-'")
     for version, release in recipe.versions.items():
         if release.source.path and not (path.parent / release.source.path).is_dir():
-            raise ConfigError(path, f"versions.{version}.source.path", f"folder {path.parent / release.source.path} does not exist")
+            raise ConfigError(path, f"versions.{version}.source.path", f"folder {path.parent / release.source.path} does not exist",
+                              fix="give a folder relative to the recipes folder, or create it")
     return recipe
 
 

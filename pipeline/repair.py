@@ -125,10 +125,14 @@ class RepairSettings:
 
     def cli_options(self) -> list[str]:
         """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
+        from .rocm_wheels import package_links
+
         options = ["--rocm-provider", "wheels"] if self.rocm_lib_dir is None else ["--rocm-lib-dir", self.rocm_lib_dir]
+        # --rocm-provider wheels brings the ROCm packages' links itself.
+        links = [link for link in self.link_packages if self.rocm_lib_dir is not None or link not in package_links()]
         if self.plat:
             options += ["--plat", self.plat]
-        for flag, values in (("--exclude", self.excludes), ("--link-package", self.link_packages),
+        for flag, values in (("--exclude", self.excludes), ("--link-package", links),
                              ("--rpath", self.extra_rpath), ("--requires-pin", self.requires_pins)):
             for value in values:
                 options += [flag, value]
@@ -285,9 +289,9 @@ def _taken_from(
     for name in different:
         if name in members:
             changed[name] = files[name]
-            if is_elf(files[name]):
+            if _is_elf_file(files[name]):
                 tree[name] = files[name]
-            else:  # an ELF script auditwheel replaced with a shim that runs the moved binary
+            else:  # an ELF script auditwheel moved to <pkg>.scripts/, leaving a Python shim in its place
                 tree.pop(name, None)
         else:
             added[name] = Added(files[name], (new[name].external_attr >> 16) & 0o777 or 0o644)

@@ -47,7 +47,9 @@ def pin_requirements(metadata: str, pins: Iterable[str]) -> str:
         if requirement.marker is None:
             unconditional.add(name)
         out.append(f"{_FIELD}: {requirement}")
-    missing = [f"{_FIELD}: {name}=={version}" for name, version in wanted.items() if name not in unconditional]
+    # An added pin keeps its extras (a `wheels` line's rocm[libraries]==10.0.0).
+    extras = {canonicalize_name(r.name): f"[{','.join(sorted(r.extras))}]" if r.extras else "" for r in map(Requirement, pins)}
+    missing = [f"{_FIELD}: {name}{extras[name]}=={version}" for name, version in wanted.items() if name not in unconditional]
     # New fields go after the existing Requires-Dist lines (or at the end of the header).
     last = max((i for i, line in enumerate(out) if line.startswith(f"{_FIELD}:")), default=len(out) - 1)
     out[last + 1:last + 1] = missing

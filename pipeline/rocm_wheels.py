@@ -33,6 +33,8 @@ LIBRARY_FOLDERS = (
     "_rocm_sdk_core/lib/rocm_sysdeps/lib",
     "_rocm_sdk_libraries/lib",
 )
+# Where the builder image keeps the ROCm packages' wheel files (docker/builder/provision.sh).
+BUILDER_ROCM_WHEELS = "/opt/rocm-sdk/wheels"
 # The distribution each folder comes from, for people reading `inspect` and `doctor`.
 FOLDER_PACKAGES = {
     "_rocm_sdk_core/lib": "rocm-sdk-core",
@@ -66,8 +68,9 @@ def index_urls(line: Line) -> tuple[str, ...]:
 
 
 def rocm_sdk_env(rocm_sdk: Path | str, path: str, *, log_file: Path | None = None) -> dict[str, str]:
-    """The build environment the installed ROCm packages describe (``rocm-sdk path``), as TheRock
-    documents it: ROCM_PATH/ROCM_HOME the root, CMAKE_PREFIX_PATH its CMake folder, its bin first on PATH."""
+    """The build environment the installed ROCm packages describe (``rocm-sdk path``): ROCM_PATH,
+    ROCM_HOME and HIP_PATH the root (the devel package, as vLLM 0.34.0's docker/Dockerfile.rocm_base
+    sets them), CMAKE_PREFIX_PATH its CMake folder, its bin first on PATH."""
     def ask(option: str) -> str:
         return run([rocm_sdk, "path", option], log_file=log_file, quiet=True).output.strip()
 

@@ -12,7 +12,6 @@ import logging
 import os
 import re
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -84,23 +83,19 @@ def _load_htpasswd(htpasswd: Path) -> HtpasswdFile:
 
 def serve(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 8080,
           log_file: Path | None = None) -> None:
-    """Run pypiserver in the foreground until Ctrl-C or SIGTERM, then stop it (call from the main thread)."""
-    # SIGTERM (kill, systemd, container stop) would end Python without unwinding and leave
-    # pypiserver running on its port: turn it into an exit that runs the cleanup below.
-    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
-    try:
-        with running_pypiserver(packages, htpasswd, host=host, port=port, log_file=log_file) as index:
-            log.info("serving %s: upload with rocwheels publish --repository %s, install with --extra-index-url %s "
-                     "(Ctrl-C stops)", packages, index.url, index.simple_url)
-            returncode = index.process.wait()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """Run pypiserver in the foreground until interrupted, then stop it.
+
+    Ctrl-C and SIGTERM (kill, systemd, container stop) unwind through ``running_pypiserver``,
+    which stops pypiserver: the command line's signal policy (pipeline/interrupts.py) turns
+    both into an exception, so the server never outlives rocwheels on its port.
+    """
+    with running_pypiserver(packages, htpasswd, host=host, port=port, log_file=log_file) as index:
+        where = f"; its log: {log_file}" if log_file else ""
+        log.info("serving %s: upload with rocwheels publish --repository %s, install with --extra-index-url %s "
+                 "(Ctrl-C stops%s)", packages, index.url, index.simple_url, where)
+        returncode = index.process.wait()
     raise RocwheelsError(f"pypiserver stopped by itself with exit code {returncode}",
                          fix=f"see {log_file}" if log_file else "see its output above")
-
-
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 @contextmanager
@@ -176,8 +171,9 @@ def _wait_until_answering(process: subprocess.Popen, url: str, timeout: float, l
     where = f" (log: {log_file})" if log_file else ""
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RocwheelsError(f"pypiserver exited with code {process.returncode} before answering at {url}{where}",
-                                 fix="read its output: a port already in use or an unreadable htpasswd file are "
+            said = f": {_last_line(log_file)}" if log_file else ""
+            raise RocwheelsError(f"pypiserver exited with code {process.returncode} before answering at {url}{said}{where}",
+                                 fix="read its log: a port already in use or an unreadable htpasswd file are "
                                      "the usual causes")
         try:
             with urlopen(url + "health", timeout=1):
@@ -186,6 +182,12 @@ def _wait_until_answering(process: subprocess.Popen, url: str, timeout: float, l
             time.sleep(0.1)
     raise RocwheelsError(f"pypiserver did not answer at {url} within {timeout:.0f} s{where}",
                          fix="read its output; on a slow machine allow a longer startup")
+
+
+def _last_line(log_file: Path) -> str:
+    """The last line pypiserver wrote (the exception's own message, without its traceback)."""
+    lines = [line for line in log_file.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
 
 
 def _stop(process: subprocess.Popen) -> None:

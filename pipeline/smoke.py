@@ -61,7 +61,8 @@ def smoke_test(wheel: Path, smoke: Smoke, *, requirements: Sequence[str] = (), f
             run([python, "-m", "venv", venv], log_file=log_file)
             links = ["--find-links", find_links] if find_links else []
             links += [option for url in index_urls for option in ("--extra-index-url", url)]
-            run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", *links, wheel, *requirements],
+            # --no-compile: the venv is thrown away; byte-compiling a torch it installs costs a minute.
+            run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile", *links, wheel, *requirements],
                 log_file=log_file, cwd=Path(folder))
             for snippet in (*smoke.snippets(gpu=gpu_present()), *checks):
                 run([venv_python, "-c", snippet], log_file=log_file, cwd=Path(folder))

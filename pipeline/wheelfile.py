@@ -63,7 +63,7 @@ def open_wheel(path: Path) -> Iterator[zipfile.ZipFile]:
     try:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
-        raise RocwheelsError(f"{path}: no such wheel") from None
+        raise RocwheelsError(f"{path}: no such wheel", fix="check the path; built wheels are in the wheelhouse") from None
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise RocwheelsError(f"{path}: not a readable zip archive ({exc})", fix=_REBUILD) from None
     with archive:

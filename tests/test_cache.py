@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import socket
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from cibuildwheel.options import CommandLineArguments, compute_options
 from conftest import REPO, canary_plan
+from redis_server import running_redis
 
 from pipeline.build import local_driver_for
 from pipeline.cache import remote_cache
@@ -54,26 +51,8 @@ def test_an_unknown_backend_names_the_setting_and_the_choices() -> None:
 
 @pytest.fixture
 def redis_url(tmp_path: Path):
-    """A real redis-server on loopback, on a free port, keeping nothing on disk."""
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.fail("redis-server is not installed: apt-get install -y redis-server")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                                "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            assert process.poll() is None, f"redis-server exited with {process.returncode}"
-            with socket.socket() as client:
-                if client.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait()
+    with running_redis("127.0.0.1", tmp_path) as url:
+        yield url
 
 
 @pytest.mark.hipcc

@@ -18,7 +18,7 @@ from ci_runner import Runner, load_yaml
 from click.testing import CliRunner
 from conftest import REPO
 
-from pipeline.ci import GITHUB_STAGES, ci_matrix, github_outputs, gitlab_pipeline
+from pipeline.ci import GITHUB_STAGES, ci_matrix, fetch_from_index, github_outputs, gitlab_pipeline
 from pipeline.cli import cli
 from pipeline.errors import RocwheelsError
 from pipeline.index import build_static_index
@@ -213,27 +213,41 @@ def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, ind
 
 @pytest.mark.hipcc
 @pytest.mark.network
-def test_exact_builds_come_from_the_index_and_others_are_built(tmp_path: Path, host_line, canary_targets, static_server) -> None:
+def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, host_line, canary_targets, static_server) -> None:
     """A first runner builds and serves its wheelhouse as a static index; a second one, with an
     empty wheelhouse, takes the canary from there (fingerprint and sha256 checked) and builds
-    nothing; a third, for other GPU targets (another fingerprint), builds."""
-    arch = canary_targets[0]  # one target each: the builds stay short
-    first = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "first"), "--work-dir", str(tmp_path / "b1")]
+    nothing; for other GPU targets (another fingerprint) nothing is taken."""
+    first = Layout(RECIPES, tmp_path / "first", tmp_path / "b1")
+    build = ["wheels", "--arch", canary_targets[0], "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
     runner = CliRunner()
-    build = ["wheels", "--arch", arch, "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
-    assert runner.invoke(cli, [*first, *build]).exit_code == 0
-    build_static_index(tmp_path / "first")
-    (wheel,) = (tmp_path / "first").glob("*.whl")
-    with static_server(tmp_path / "first") as url:
-        second = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "second"), "--work-dir", str(tmp_path / "b2")]
-        result = runner.invoke(cli, [*second, *build, "--from-index", f"{url}simple/{host_line[1].local_version}/"])
+    result = runner.invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(first.wheelhouse), "--work-dir", str(first.work_dir), *build])
+    assert result.exit_code == 0, result.output
+    build_static_index(first.wheelhouse)
+    (wheel,) = first.wheelhouse.glob("*.whl")
+    with static_server(first.wheelhouse) as url:
+        index_url = f"{url}simple/{host_line[1].local_version}/"
+        second = Layout(RECIPES, tmp_path / "second", tmp_path / "b2")
+        result = runner.invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(second.wheelhouse), "--work-dir", str(second.work_dir),
+                                     *build, "--from-index", index_url])
         assert result.exit_code == 0, result.output
-        assert (tmp_path / "second" / wheel.name).read_bytes() == wheel.read_bytes()
-        assert Provenance.read(record_path(tmp_path / "second" / wheel.name)) == Provenance.read(record_path(wheel))
-        assert not (tmp_path / "b2" / "work").exists()  # nothing was built
-        if len(canary_targets) > 1:
-            third = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "third"), "--work-dir", str(tmp_path / "b3")]
-            other = [*build[:2], canary_targets[1], *build[3:]]
-            result = runner.invoke(cli, [*third, *other, "--from-index", f"{url}simple/{host_line[1].local_version}/"])
-            assert result.exit_code == 0, result.output
-            assert (tmp_path / "b3" / "work" / "rocm-canary").is_dir()  # other targets: built here
+        assert (second.wheelhouse / wheel.name).read_bytes() == wheel.read_bytes()
+        assert Provenance.read(record_path(second.wheelhouse / wheel.name)) == Provenance.read(record_path(wheel))
+        assert not second.recipe_work("rocm-canary").exists()  # nothing was built
+
+        other_targets = next(t for t in host_line[1].targets if t != canary_targets[0])  # planned only, never compiled
+        third = Layout(RECIPES, tmp_path / "third", tmp_path / "b3")
+        plan = select_plan(third, "rocm-canary", other_targets, host_line[0], "local")
+        assert fetch_from_index(plan, third, index_url) == {"rocm-canary": 0}
+        assert not third.wheelhouse.exists() or not list(third.wheelhouse.iterdir())
+
+
+def test_one_python_of_the_line_per_job() -> None:
+    layout = Layout(RECIPES, Path("unused"), Path("unused"))
+    plan = select_plan(layout, "rocm-canary", "gfx942", "rocm6.2", "container", python="3.11")
+    assert plan_document(plan)["python"] == ["3.11"]
+    with pytest.raises(RocwheelsError) as error:
+        select_plan(layout, "rocm-canary", "gfx942", "rocm6.2", "container", python="3.9")
+    assert "lines.rocm6.2.python" in error.value.message and "3.10, 3.11, 3.12" in (error.value.fix or "")
+    other = "3.9" if sys.version_info[:2] != (3, 9) else "3.8"
+    with pytest.raises(RocwheelsError, match="DRIVER=local builds with the Python running rocwheels"):
+        select_plan(layout, "rocm-canary", "gfx942", "rocm6.2", "local", python=other)

@@ -1,7 +1,8 @@
 """Docker as the container engine: a real Docker daemon (Debian's docker.io) with its own socket,
 data root and exec root, the debootstrapped Debian 13 base moved into it from podman
 (`podman save | docker load`), and the canary built, repaired, smoke-tested and verified through
-the container driver with docker; `doctor` and `image test` with docker.
+the container driver with docker; `doctor` and `image test` with docker; two container builds
+sharing their compilations through a real Redis.
 
 A Docker engine already answering (DOCKER_HOST, or the default socket) is used as it is.
 Otherwise the tests start dockerd; its data root stays under /var/tmp between runs, so the base
@@ -18,7 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TRIXIE_BASE
+from conftest import REPO
+from redis_server import running_redis
 from packaging.utils import parse_wheel_filename
 
 from pipeline.analyze import analyze_wheel
@@ -28,7 +30,7 @@ from pipeline.doctor import engine_check, image_test
 from pipeline.engine import Engine, _has_buildkit, detect_engine
 from pipeline.layout import Layout
 from pipeline.lock import load_lock
-from pipeline.plan import make_plan
+from pipeline.plan import Plan, make_plan
 from pipeline.recipes import load_recipes
 from pipeline.targets import parse_targets
 from pipeline.wheels import make_wheels
@@ -88,19 +90,12 @@ def _buildkit_client() -> str:
 @pytest.fixture(scope="session")
 def docker_engine(docker_host: str) -> Iterator[Engine]:
     """The docker engine as rocwheels detects it when asked for docker (``--engine docker``)."""
-    saved = {key: os.environ.get(key) for key in ("DOCKER_HOST", "PATH")}
-    os.environ["DOCKER_HOST"] = docker_host
-    os.environ["PATH"] = _buildkit_client() + os.pathsep + os.environ["PATH"]  # cibuildwheel runs `docker` from PATH
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("DOCKER_HOST", docker_host)
+        env.setenv("PATH", _buildkit_client() + os.pathsep + os.environ["PATH"])  # cibuildwheel runs `docker` from PATH
         engine = detect_engine("docker")
         assert engine.name == "docker"
         yield engine
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
@@ -111,6 +106,13 @@ def docker_trixie_base(docker_engine: Engine, trixie_base: str) -> str:
         run(["bash", "-euo", "pipefail", "-c", f'"$1" save {trixie_base} | "$2" load', "copy", podman.argv_prefix[0], docker_engine.argv_prefix[0]],
             env={**podman.env, **docker_engine.env})
     return trixie_base
+
+
+def debian13_plan(base: str) -> Plan:
+    """The canary on the lock's debian13 line, with the test base under it."""
+    line = load_lock(RECIPES).line("debian13").model_copy(update={"builder_image": base})
+    return make_plan(load_recipes(RECIPES), ["rocm-canary"], recipes_dir=RECIPES, line_name="debian13", line=line,
+                     targets=parse_targets(";".join(ARCH)), driver="container")
 
 
 @pytest.mark.container
@@ -125,9 +127,8 @@ def test_the_canary_builds_in_the_builder_image_with_docker(docker_engine: Engin
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ROCWHEELS_CCACHE_DIR", str(tmp_path / "ccache"))
     layout = Layout(RECIPES, tmp_path / "wheelhouse", tmp_path / "work")
-    line = load_lock(RECIPES).line("debian13").model_copy(update={"builder_image": docker_trixie_base})
-    plan = make_plan(load_recipes(RECIPES), ["rocm-canary"], recipes_dir=RECIPES, line_name="debian13", line=line,
-                     targets=parse_targets(";".join(ARCH)), driver="container")
+    plan = debian13_plan(docker_trixie_base)
+    line = plan.line
     (outcome,) = make_wheels(plan, layout, container_driver(plan, layout, engine=docker_engine))
     log = layout.log_file("rocm-canary").read_text()
     assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
@@ -145,3 +146,26 @@ def test_the_canary_builds_in_the_builder_image_with_docker(docker_engine: Engin
         assert check.ok is not None and tag in check.detail
     else:
         assert check.ok is None and "was not started" in check.detail
+
+
+@pytest.mark.container
+@pytest.mark.network
+def test_container_builds_share_compilations_through_redis(docker_engine: Engine, docker_trixie_base: str, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runners (separate work folders, no ccache) build in the builder container with the
+    shared cache: Redis with a password on the docker bridge's gateway, which the containers
+    reach; the password goes in through sccache's own variable."""
+    inspect = docker_engine.command("network", "inspect", "bridge", "--format", "{{(index .IPAM.Config 0).Gateway}}")
+    gateway = run(inspect, env=docker_engine.env, quiet=True).output.strip()
+    plan = debian13_plan(docker_trixie_base)
+    notes = []
+    monkeypatch.setenv("SCCACHE_REDIS_PASSWORD", "runner-secret")
+    with running_redis(gateway, tmp_path, password="runner-secret") as url:
+        monkeypatch.setenv("ROCWHEELS_SCCACHE", url)
+        for runner in ("first", "second"):
+            layout = Layout(RECIPES, tmp_path / runner / "wheelhouse", tmp_path / runner / "work")
+            (outcome,) = make_wheels(plan, layout, container_driver(plan, layout, engine=docker_engine))
+            assert outcome.status == "built", f"{outcome.detail}\n{layout.log_file('rocm-canary').read_text()[-3000:]}"
+            notes.append(outcome.detail)
+    location = f"cache {url} (prefix rocwheels/debian13/)"
+    assert notes == [f"sccache: 0% hits (0 of 1 compilations), {location}", f"sccache: 100% hits (1 of 1 compilations), {location}"]

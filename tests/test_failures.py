@@ -177,11 +177,6 @@ def port_in_use(p: Project) -> None:
     (p.root / "port").write_text(str(taken.getsockname()[1]))
 
 
-def two_versions(p: Project) -> None:
-    p.wheel("1.0+rocm9.9")
-    p.wheel("1.1+rocm9.9")
-
-
 def indexed_then(change: Callable[[Project], None]) -> Callable[[Project], None]:
     """A wheelhouse with a built index and constraints, then ``change``: the old index must survive."""
     def setup(p: Project) -> None:
@@ -205,10 +200,6 @@ def no_file(*names: str) -> Callable[[Project], None]:
         for name in names:
             assert not (p.root / name).exists(), name
     return check
-
-
-def unchanged_wheelhouse_of_one(p: Project) -> None:
-    assert sorted(f.name for f in p.wheelhouse.iterdir() if not f.name.startswith(".")) == [CANARY]
 
 
 def setup_all(*setups: Callable[[Project], None]) -> Callable[[Project], None]:
@@ -381,6 +372,8 @@ def test_failure(case: Case, project: Project, capsys, monkeypatch) -> None:
     for phrase in case.says:
         assert phrase in output, (phrase, output)
     assert "Traceback" not in output
+    if case.status and "Usage:" not in output:  # the project's own errors, not click's usage errors
+        assert "fix:" in output, output
     if case.status:
         assert "error" in output.lower()  # "error: <cause>\n  fix: ..." or click's "Error: ..." for usage
     assert leftovers(project) == []

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import zipfile
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings

@@ -165,8 +165,29 @@ def test_a_file_changed_on_the_static_index_fails_the_hash_checked_install(tmp_p
     wheelhouse = tmp_path / "wheelhouse"
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
     build_static_index(wheelhouse)
-    (constraints,) = write_constraints(wheelhouse)
+    (requirements,) = write_requirements(wheelhouse)
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9", build="tampered")  # same name, other bytes
 
     with static_server(wheelhouse) as url, pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
-        pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "-c", constraints, CANARY)
+        pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "--require-hashes", "--no-deps", "-r", requirements)
+
+
+@pytest.mark.network
+def test_the_static_index_publishes_each_provenance_record_beside_its_wheel(tmp_path, make_wheel, static_server):
+    """A teammate can fetch what made a wheel from the same place as the wheel, and check it is that file."""
+    import json
+    from urllib.request import urlopen
+
+    from pipeline.provenance import write_record
+
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
+    write_record(wheel, "f" * 64, {"recipe": CANARY}, {"driver": "local"})
+    build_static_index(wheelhouse)
+
+    with static_server(wheelhouse) as url:
+        page = urlopen(f"{url}simple/rocm9.9/{CANARY}/").read().decode()
+        (href,) = [h for h in page.split('"') if h.startswith("../../../")]
+        wheel_url = url + "simple/rocm9.9/" + CANARY + "/" + href.split("#")[0]
+        record = json.loads(urlopen(wheel_url + ".provenance.json").read())
+    assert record["sha256"] == file_sha256(wheel) == href.split("#sha256=")[1]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import CommandError, RocwheelsError
-from pipeline.index import file_sha256, write_constraints
+from pipeline.index import file_sha256, write_requirements
 from pipeline.publish import publish, resolve_repository
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 
@@ -240,13 +240,13 @@ def test_empty_wheelhouse_has_nothing_to_publish(tmp_path):
 @pytest.mark.network
 def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(tmp_path, htpasswd, login, make_wheel, fresh_venv,
                                                                     pip_install):
-    """pypiserver lists whatever bytes it holds: the constraints' sha256 from the wheelhouse catch a swapped file."""
+    """pypiserver lists whatever bytes it holds: the requirements file's sha256 from the wheelhouse catch a swapped file."""
     wheelhouse = tmp_path / "wheelhouse"
     wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
-    (constraints,) = write_constraints(wheelhouse)
+    (requirements,) = write_requirements(wheelhouse)
     with running_pypiserver(tmp_path / "packages", htpasswd, log_file=tmp_path / "pypiserver.log") as server:
         publish(wheelhouse, server.url)
         make_wheel(tmp_path / "elsewhere", "rocm-canary", "0.1.0+rocm9.9", build="tampered").replace(
             tmp_path / "packages" / wheel.name)
         with pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
-            pip_install(fresh_venv, "--index-url", server.simple_url, "-c", constraints, "rocm-canary")
+            pip_install(fresh_venv, "--index-url", server.simple_url, "--require-hashes", "--no-deps", "-r", requirements)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipeline.errors import RocwheelsError
@@ -71,3 +73,20 @@ def test_missing_pins_names_what_the_metadata_lacks():
 def test_a_pin_must_be_exact():
     with pytest.raises(RocwheelsError, match="'torch>=2' is not an exact pin"):
         pin_requirements("Name: x\n", ["torch>=2"])
+
+
+def test_verify_fails_a_line_wheel_without_its_exact_pins(tmp_path, make_wheel):
+    """``rocwheels verify`` knows the builds a wheel of the test line must require (tests/torch-recipes)."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import cli
+
+    recipes = Path(__file__).parent / "torch-recipes"
+    loose = make_wheel(tmp_path / "loose", "torch-ext", "0.1.0+rocm5.2", requires=("torch",))
+    pinned = make_wheel(tmp_path / "pinned", "torch-ext", "0.1.0+rocm5.2", requires=("torch==2.13.0+cpu",))
+    runner = CliRunner()
+    verify = ["--recipes-dir", str(recipes), "--work-dir", str(tmp_path / "build"), "verify", "--no-smoke"]
+    failed = runner.invoke(cli, [*verify, str(loose)])
+    assert failed.exit_code == 1 and "Requires-Dist does not pin torch==2.13.0+cpu" in failed.output
+    passed = runner.invoke(cli, [*verify, str(pinned)])
+    assert passed.exit_code == 0, passed.output

@@ -21,6 +21,7 @@ from pipeline.errors import ConfigError
 from pipeline.doctor import installed_torch_check
 from pipeline.index import write_constraints
 from pipeline.inspection import either_provider, inspect_wheel, render
+from pipeline.container import container_driver
 from pipeline.layout import Layout
 from pipeline.lock import load_lock
 from pipeline.plan import make_plan
@@ -36,18 +37,20 @@ LINE = "standin10.0"
 REQUIRES = f"rocm[libraries]=={VERSION}"
 
 
-def wheels_lock(index_url: str, targets: tuple[str, ...], *, provider: str = "wheels", extra: str = "") -> str:
-    """A lock with one `wheels` line whose ROCm is the stand-in packages at ``index_url``."""
+def wheels_lock(index_url: str, targets: tuple[str, ...], *, builder_image: str = "localhost/rocwheels-test-base:bookworm",
+                rocm_path: str = "") -> str:
+    """A lock with one test-only `wheels` line whose ROCm is the stand-in packages at ``index_url``,
+    built on a debootstrapped Debian 12 (its Python 3.11 and hipcc, wrapped by the stand-in devel package)."""
     return f"""default_line = "{LINE}"
 [lines."{LINE}"]
 rocm = "{VERSION}"
-rocm_provider = "{provider}"
-builder_image = "localhost/rocwheels-test-base:bookworm"
-image_source = "built by the tests (debootstrap)"
+rocm_provider = "wheels"
+builder_image = "{builder_image}"
+image_source = "built by the tests: docker/test-base/make-base.sh bookworm (debootstrap)"
 python = ["3.11"]
 targets = {list(targets)!r}
-rocm_path = ""
-{extra}
+rocm_path = "{rocm_path}"
+
 [lines."{LINE}".rocm_wheels]
 build = ["rocm[libraries,devel]=={VERSION}"]
 requires = ["{REQUIRES}"]
@@ -70,7 +73,7 @@ def write_recipes(dest: Path, lock_text: str) -> Path:
 
 
 @pytest.mark.parametrize(("change", "field", "words"), [
-    (("rocm_provider = \"wheels\"", "rocm_provider = \"system\""), "rocm_provider", "rocm_provider = \"wheels\""),
+    (('rocm_provider = "wheels"', 'rocm_provider = "system"'), "rocm_provider", 'rocm_provider = "wheels"'),
     ((f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries]"]'), "rocm_wheels.requires", "has no version"),
     ((f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries"]'), "rocm_wheels.requires", "not a pip requirement"),
     (('index_url = "https://rocm.example/simple/"', 'index_url = "rocm.example"'), "rocm_wheels.index_url", "not an index URL"),
@@ -178,7 +181,7 @@ def test_constraints_of_a_wheels_line_pin_its_rocm_packages(tmp_path, platform_w
     wheelhouse = tmp_path / "wheelhouse"
     platform_wheel(wheelhouse, "rocm_canary", {"rocm_canary/__init__.py": b""}, version="0.1.0+rocm10.0")
     line = load_lock(write_recipes(tmp_path / "recipes", wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
-    (constraints,) = write_constraints(wheelhouse, hashes=False, rocm_pins={line.local_version: constraint_pins(line)})
+    (constraints,) = write_constraints(wheelhouse, rocm_pins={line.local_version: constraint_pins(line)})
     assert constraints.read_text().splitlines()[1:] == [
         "rocm-canary==0.1.0+rocm10.0", "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", f"rocm=={VERSION}"]
 
@@ -211,3 +214,61 @@ def test_doctor_without_torch_or_with_a_cpu_torch(tmp_path):
     (tmp_path / "torch" / "__init__.py").write_text("")
     check = installed_torch_check([str(tmp_path)])
     assert check.ok is False and "not a ROCm build" in check.detail and check.fix
+
+
+# --- the same in the builder container, installed where there is no ROCm at all ---
+
+
+BOOKWORM_BASE = "localhost/rocwheels-test-base:bookworm"
+PYTHON_ONLY_BASE = "localhost/rocwheels-test-base:bookworm-python"
+
+
+def _base(engine, image: str, packages: str | None = None) -> str:
+    env = {**engine.env, **({"ROCWHEELS_BASE_PACKAGES": packages} if packages else {})}
+    run(["bash", REPO / "docker" / "test-base" / "make-base.sh", "bookworm", image], env=env)
+    return image
+
+
+@pytest.mark.container
+@pytest.mark.hipcc
+def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_container_without_rocm(
+        tmp_path, podman_engine, standin, rocm_index, hip_targets, monkeypatch):
+    builder_base = _base(podman_engine, BOOKWORM_BASE)  # Debian 12 with hipcc: the builder's own system ROCm is never linked
+    python_only = _base(podman_engine, PYTHON_ONLY_BASE, "python3,python3-venv")
+    targets = hip_targets[:1]
+    monkeypatch.setenv("ROCWHEELS_CCACHE_DIR", str(tmp_path / "ccache"))
+    recipes = write_recipes(tmp_path / "recipes", wheels_lock(rocm_index.simple_url, targets, builder_image=builder_base,
+                                                              rocm_path="/opt/rocm-sdk/root"))
+    layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
+    plan = make_plan(load_recipes(recipes), ["rocm-canary"], recipes_dir=recipes, line_name=LINE, line=load_lock(recipes).line(LINE),
+                     targets=parse_targets(";".join(targets)), driver="container")
+    (outcome,) = make_wheels(plan, layout, container_driver(plan, layout, engine=podman_engine))
+    log = layout.log_file("rocm-canary").read_text()
+    assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
+    assert "rocwheels repair" in log and "--rocm-provider wheels" in log
+    (wheel,) = outcome.wheels
+
+    add_htpasswd_user(tmp_path / "htpasswd", "team", "secret")
+    with running_pypiserver(tmp_path / "team", tmp_path / "htpasswd", log_file=tmp_path / "team.log") as team:
+        monkeypatch.setenv("TWINE_USERNAME", "team")
+        monkeypatch.setenv("TWINE_PASSWORD", "secret")
+        publish(layout.wheelhouse, team.url, attempts=1)
+        check = (
+            "import glob, rocm_canary; "
+            "assert not glob.glob('/usr/lib*/**/libamdhip64*', recursive=True) and not glob.glob('/opt/rocm*'), 'a system ROCm is here'; "
+            f"maps = [l.split()[-1] for l in open('/proc/self/maps') if '{standin.hip_soname}' in l]; print('maps', sorted(set(maps))); "
+            "print('devices', rocm_canary.device_count())"
+        )
+        script = (f"python3 -m venv /venv && /venv/bin/pip install -q --disable-pip-version-check --index-url {team.simple_url} "
+                  f"--extra-index-url {rocm_index.simple_url} rocm-canary=={wheel.name.split('-')[1]} && cd / && /venv/bin/python -c \"{check}\"")
+        output = run(podman_engine.command("run", "--rm", "--network=host", python_only, "sh", "-c", script), env=podman_engine.env).output
+    assert f"maps ['/venv/lib/python3.11/site-packages/_rocm_sdk_core/lib/{standin.hip_soname}']" in output, output
+    assert "devices" in output
+
+
+def test_the_containers_repair_command_carries_the_wheels_provider(tmp_path):
+    from pipeline.repair import RepairSettings
+
+    line = load_lock(write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
+    options = RepairSettings.for_recipe(None, line).cli_options()
+    assert options == ["--rocm-provider", "wheels", "--requires-pin", REQUIRES]

@@ -67,14 +67,14 @@ def test_stopping_serve_stops_pypiserver_too(tmp_path, stop):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    code = (f"from pathlib import Path; from pipeline.serve import serve; "
-            f"serve(Path({str(tmp_path / 'packages')!r}), Path({str(tmp_path / 'htpasswd')!r}), port={port})")
+    argv = [sys.executable, "-m", "pipeline", "serve", "--packages", tmp_path / "packages",
+            "--htpasswd", tmp_path / "htpasswd", "--port", str(port)]
     # Popen, not cmd.run: the test must signal the command while it runs.
-    rocwheels = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rocwheels = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(f"http://127.0.0.1:{port}/health")
         rocwheels.send_signal(stop)  # to rocwheels alone, as `kill PID` would
-        assert rocwheels.wait(timeout=20) != 0
+        assert rocwheels.wait(timeout=20) == 128 + stop
     finally:
         if rocwheels.poll() is None:
             rocwheels.kill()

@@ -123,7 +123,11 @@ step_rocm_wheels() {
     python=$(ls -d /opt/python/cp3*/bin/python | sort -V | tail -n 1)
     "$python" -m venv /opt/rocm-sdk/venv
     # shellcheck disable=SC2086 # one requirement per word
-    /opt/rocm-sdk/venv/bin/pip install --extra-index-url "$ROCM_WHEELS_INDEX_URL" $ROCM_WHEELS
+    # Kept as files too: the smoke test of each built wheel installs the wheel's ROCm packages
+    # from there (PIP_FIND_LINKS), with no index in reach.
+    /opt/rocm-sdk/venv/bin/pip download --dest /opt/rocm-sdk/wheels --extra-index-url "$ROCM_WHEELS_INDEX_URL" $ROCM_WHEELS
+    # shellcheck disable=SC2086
+    /opt/rocm-sdk/venv/bin/pip install --no-index --find-links /opt/rocm-sdk/wheels $ROCM_WHEELS
     sdk=/opt/rocm-sdk/venv/bin/rocm-sdk
     ln -sfn "$("$sdk" path --root)" "$ROCM_PATH"
     ln -sfn "$("$sdk" path --cmake)" /opt/rocm-sdk/cmake

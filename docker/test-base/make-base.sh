@@ -35,7 +35,8 @@ fi
 # Everything the builder Dockerfile would otherwise fetch with apt-get, so that building the
 # builder on this base needs no Debian mirror: compilers, headers, venv support for the
 # /opt/python layout, and ca-certificates for update-ca-certificates.
-packages=python3,python3-venv,python3-dev,hipcc,gcc,g++,libc6-dev,make,cmake,ninja-build,ccache,ca-certificates
+# ROCWHEELS_BASE_PACKAGES replaces the list (a Python-only base: a machine with no ROCm at all).
+packages=${ROCWHEELS_BASE_PACKAGES:-python3,python3-venv,python3-dev,hipcc,gcc,g++,libc6-dev,make,cmake,ninja-build,ccache,ca-certificates}
 
 root=$(mktemp -d "${TMPDIR:-/var/tmp}/rocwheels-base-$suite.XXXXXX")
 trap 'rm -rf "$root"' EXIT
