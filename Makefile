@@ -66,8 +66,9 @@ publish: venv
 demo: venv system-deps
 	$(BIN)/rocwheels demo
 
+# Both benchmarks run; the worse exit status is make's.
 bench: venv system-deps
-	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/rebuild.py; rebuild=$$?; $(BIN)/python benchmarks/run.py; repair=$$?; exit $$(( rebuild > repair ? rebuild : repair ))
 
 clean:
 	rm -rf build
