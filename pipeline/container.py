@@ -223,7 +223,7 @@ def _find_links(step: Step, line: Line) -> list[str]:
 
 def repair_command(plan: Plan, step: Step) -> str:
     """The compiler cache statistics of the build just done, then ``rocwheels repair`` in the image."""
-    options = RepairSettings.for_recipe(step.recipe, plan.line).cli_options()
+    options = RepairSettings.for_step(step, plan.line).cli_options()
     stats = f"echo {shlex.quote(STATS_BEGIN)}; ccache --print-stats 2>/dev/null || ccache -s; echo {shlex.quote(STATS_END)}"
     # From /: a recipes/ folder in the project must not be taken for rocwheels' own (the options
     # carry the recipe's and line's settings).

@@ -51,6 +51,7 @@ from .zipwrite import Added, copy_file, extract_members, record_rows, write_stor
 
 if TYPE_CHECKING:
     from .lock import Line
+    from .plan import Step
     from .recipes import Recipe
 
 # Level 6 (zlib's default) for the wheel that is published: level 1 would save ~10 s per GB,
@@ -107,6 +108,13 @@ class RepairSettings:
             plat=line.platform if line else None,
             requires_pins=requires_dist(line) if line else (),
         )
+
+    @classmethod
+    def for_step(cls, step: Step, line: Line) -> RepairSettings:
+        """``for_recipe`` plus exact pins on the builds of the line that the step's wheels link against."""
+        from .requirements import linked_builds
+
+        return cls.for_recipe(step.recipe, line).extended(requires_pins=linked_builds(step.recipe, step.dependencies))
 
     def extended(
         self, *, excludes: Sequence[str] = (), link_packages: Sequence[str] = (), extra_rpath: Sequence[str] = (),

@@ -85,13 +85,14 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
     recipe = step.recipe
     staging = fresh_dir(layout.staging(step.name))
     pins = linked_builds(recipe, step.dependencies)
-    settings = RepairSettings.for_recipe(recipe, plan.line).extended(requires_pins=pins)
+    settings = RepairSettings.for_step(step, plan.line)
     repaired = []
     for wheel in built.paths:
-        pure = all(tag.platform == "any" for tag in parse_wheel_filename(wheel.name)[3])
-        # Repaired in the builder image (which knows nothing of the line's other builds), or no
-        # compiled code to repair (flash-attention's Triton backend): only the pins to write.
-        if built.repaired or pure:
+        if built.repaired:  # in the builder image, with the same settings (pins included)
+            repaired.append(wheel)
+            continue
+        if all(tag.platform == "any" for tag in parse_wheel_filename(wheel.name)[3]):
+            # No compiled code to repair (flash-attention's Triton backend): only the pins to write.
             repaired.append(pin_wheel(wheel, staging, pins) if pins else wheel)
             continue
         logger.info("repairing %s", wheel.name)

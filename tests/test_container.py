@@ -140,6 +140,8 @@ def test_torchvision_settings_pass_isolation_repair_policy_and_dependencies(layo
     assert ("--plat manylinux_2_28_x86_64 --link-package 'torch/lib:libtorch*.so*,libc10*.so*,libshm.so*,libtorch_python.so*'"
             in build.repair_command)
     assert "--rocm-lib-dir /opt/rocm/lib" in build.repair_command
+    # The repair in the image writes the pin on the torch it links against.
+    assert "--requires-pin torch==2.5.1+rocm6.2" in build.repair_command
 
     script = before_build_script(step)
     installs = shlex.join([*step.recipe.build.requires, "torch==2.5.1+rocm6.2"])
