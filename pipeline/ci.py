@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 import urllib.error
 import urllib.parse
@@ -21,7 +22,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
@@ -38,7 +39,6 @@ log = logging.getLogger("rocwheels")
 # The stage jobs .github/workflows/wheels.yml declares (GitHub Actions cannot add jobs at run
 # time); the GitLab child pipeline has as many stages as the plan needs.
 GITHUB_STAGES = 4
-FORMATS = ("json", "github", "gitlab")
 # Runner tags of the generated GitLab jobs (the GitHub template names its labels itself).
 BUILD_TAGS = ("rocm",)
 
@@ -164,11 +164,15 @@ def render(matrix: Matrix, output_format: str, *, arch: str, recipes: str | None
 # --- wheels reused from the team's index ---
 
 
-def _get(url: str) -> bytes | None:
-    """The body at ``url``; None when the index has nothing there (404)."""
+def _get(url: str, sink: BinaryIO | None = None) -> bytes | None:
+    """The body at ``url`` (streamed into ``sink`` when given: wheels may be GBs, then b""); None when
+    the index has nothing there (404)."""
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
-            return response.read()
+            if sink is None:
+                return response.read()
+            shutil.copyfileobj(response, sink, 1 << 20)
+            return b""
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
@@ -237,9 +241,11 @@ def _fetch_one(url: str, target: Path, fingerprint: str, logger: logging.LoggerA
                         target.name, record.fingerprint[:12], fingerprint[:12])
             return False
         wheel_file = Path(tmp) / target.name
-        wheel_file.write_bytes(_get(url) or b"")
-        if file_sha256(wheel_file) != record.sha256:
-            raise RocwheelsError(f"{url}: sha256 {file_sha256(wheel_file)} differs from its provenance record's {record.sha256}",
+        with wheel_file.open("wb") as sink:
+            _get(url, sink)  # a missing file stays empty: its sha256 cannot match
+        actual = file_sha256(wheel_file)
+        if actual != record.sha256:
+            raise RocwheelsError(f"{url}: sha256 {actual} differs from its provenance record's {record.sha256}",
                                  fix="the file on the index changed after it was built: rebuild and publish it again")
         # The record first: alone it is harmless (no wheel, nothing up to date), and the wheel
         # then arrives with one rename.
