@@ -18,41 +18,18 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The tests' redis-server helper (on a free loopback port, nothing kept on disk).
+sys.path.insert(0, str(ROOT / "tests"))
+from redis_server import running_redis  # noqa: E402
 ROCWHEELS = Path(sys.executable).parent / "rocwheels"
 NO_OP_SECONDS = 2.0
 _HITS = re.compile(r"sccache: \d+% hits \(\d+ of \d+ compilations\)")
-
-
-@contextmanager
-def redis(folder: Path) -> Iterator[str]:
-    """``redis://127.0.0.1:port`` of a redis-server that keeps nothing on disk, stopped on exit."""
-    server = shutil.which("redis-server")
-    if server is None:
-        sys.exit("redis-server is not installed: apt-get install -y redis-server (make bench installs it)")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([server, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-                                "--dir", str(folder)], stdout=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            with socket.socket() as client:
-                if client.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        process.terminate()
-        process.wait()
 
 
 def timed_wheels(arch: str, work: Path, env: dict[str, str]) -> tuple[float, str]:
@@ -64,7 +41,8 @@ def timed_wheels(arch: str, work: Path, env: dict[str, str]) -> tuple[float, str
     seconds = time.monotonic() - started
     if result.returncode != 0:
         print(result.stdout[-3000:])
-        sys.exit(f"`{' '.join(argv)}` failed with exit code {result.returncode}")
+        print(f"`{' '.join(argv)}` failed with exit code {result.returncode}", file=sys.stderr)
+        sys.exit(2)
     return seconds, result.stdout
 
 
@@ -82,7 +60,7 @@ def main() -> int:
     work = args.cache / "rebuild"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    with redis(work) as url:
+    with running_redis("127.0.0.1", work) as url:
         env = {"ROCWHEELS_SCCACHE": url, "HIP_PLATFORM": "amd"}
         cold, cold_out = timed_wheels(args.arch, work, env)
         clean(work)
