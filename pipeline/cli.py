@@ -200,10 +200,7 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
     the options given (inside the builder container only the options apply).
     """
-    from dataclasses import replace
-
     from .repair import RepairSettings, repair_wheel
-    from .rocm_wheels import package_links
 
     output = (wheel_dir or obj.layout.wheelhouse).resolve()
     with wheelhouse_lock(output):
@@ -214,8 +211,7 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
                 rocm_lib_dir=rocm_lib_dir, plat=plat,
             )
             if rocm_provider == "wheels":
-                links = tuple(dict.fromkeys((*settings.link_packages, *package_links())))
-                settings = replace(settings, rocm_lib_dir=None, link_packages=links)
+                settings = settings.with_rocm_wheels()
             click.echo(str(repair_wheel(wheel, output, settings)))
 
 

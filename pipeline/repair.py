@@ -131,6 +131,13 @@ class RepairSettings:
             plat=plat or self.plat,
         )
 
+    def with_rocm_wheels(self) -> RepairSettings:
+        """These settings with ROCm from its pip packages (``--rocm-provider wheels``, what
+        ``for_recipe`` gives a `wheels` line): no ROCm folder, the packages' folders linked."""
+        from .rocm_wheels import package_links
+
+        return replace(self, rocm_lib_dir=None, link_packages=tuple(dict.fromkeys((*self.link_packages, *package_links()))))
+
     def cli_options(self) -> list[str]:
         """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
         from .rocm_wheels import package_links

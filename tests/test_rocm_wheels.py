@@ -272,3 +272,5 @@ def test_the_containers_repair_command_carries_the_wheels_provider(tmp_path):
     line = load_lock(write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
     options = RepairSettings.for_recipe(None, line).cli_options()
     assert options == ["--rocm-provider", "wheels", "--requires-pin", REQUIRES]
+    # What the repair in the container rebuilds from those options is the line's own settings.
+    assert RepairSettings().extended(requires_pins=(REQUIRES,)).with_rocm_wheels() == RepairSettings.for_recipe(None, line)
