@@ -9,11 +9,13 @@ the auditwheel versions ``pyproject.toml`` allows.
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import re
 import sys
 import sysconfig
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +71,42 @@ def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: 
     The tag is one the contents allow: without ``plat`` the best one auditwheel finds, with it
     only if no symbol version, ISA level or blacklisted symbol forbids it (else an error).
     """
+    return _verdict(wheel, _judge(wheel, members, excludes, plat), who_needs)
+
+
+class AnalysisAside:
+    """``analyze`` in a process of its own, started on entering (its imports overlap the caller's
+    work): the caller patches and deflates meanwhile, and auditwheel's pure-Python analysis does
+    not compete with it for the GIL (in a thread it was twice as slow). Leaving waits for it."""
+
+    def __enter__(self) -> AnalysisAside:
+        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        self._pool.submit(_ready)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def submit(
+        self, wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds,
+    ) -> Callable[[], Verdict]:
+        """Start ``analyze``; the function returned waits for its verdict (or raises its error)."""
+        outcome = self._pool.submit(_judge, wheel, tuple(members), tuple(excludes), plat)
+        return lambda: _verdict(wheel, outcome.result(), who_needs)
+
+
+def _ready() -> None:
+    """Nothing: the first job of the analysis process, which imports this module (and auditwheel)."""
+
+
+def _verdict(wheel: Path, outcome: Verdict | str, who_needs: WhoNeeds) -> Verdict:
+    if isinstance(outcome, str):
+        raise _missing(wheel, outcome, who_needs)
+    return outcome
+
+
+def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None) -> Verdict | str:
+    """``analyze``'s work: the verdict, or the soname of a library that could not be located."""
     try:
         architecture = get_wheel_architecture(wheel.name)
     except (WheelToolsError, NonPlatformWheelError):
@@ -120,7 +158,7 @@ def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: 
         libraries = references[policy.name].libs
         missing = [soname for soname, found in libraries.items() if found is None and not soname.startswith("libpython")]
         if missing:
-            raise _missing(wheel, missing[0], who_needs)
+            return missing[0]
         if libraries:
             grafts[_member(path, members)] = tuple(libraries)
     return Verdict(policy.name, grafts)

@@ -196,7 +196,8 @@ def repair_wheel(
     from .requirements import pin_requirements
 
     # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
-    with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp:
+    # The analysis process ends before its skeleton's folder goes.
+    with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp, audit.AnalysisAside() as aside:
         work = Path(temp)
         with open_wheel(raw_wheel) as archive:
             members = {info.filename: info for info in archive.infolist()}
@@ -206,6 +207,7 @@ def repair_wheel(
             record = record_rows(archive, f"{raw.dist_info}/RECORD")
         others = [name for name, info in members.items() if not info.is_dir() and name not in elf_names and name in record]
         tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, check_only=others, threads=threads)
+        unpacked = time.monotonic()
         # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
         (work / "skeleton").mkdir()
         skeleton = write_stored(
@@ -216,51 +218,75 @@ def repair_wheel(
              f"{raw.dist_info}/RECORD": "".join(f"{name},,\n" for name in tree)},
         )
 
+        pinned = pin_requirements(metadata_text, settings.requires_pins) if settings.requires_pins else metadata_text
+        early_changes: dict[str, bytes | Path] = {}
+        if pinned != metadata_text:
+            early_changes[f"{raw.dist_info}/METADATA"] = pinned.encode("utf-8")
+
         def who_needs() -> list[tuple[str, Path, Sequence[str]]]:
             return [(name, path, info.needed) for name, path, info in _elf_infos(raw_wheel, tree)]
 
-        verdict = audit.analyze(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
+        verdict_of = aside.submit(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
+        # Unless auditwheel grafts (rare for a ROCm wheel: everything ROCm is excluded), the RPATHs
+        # do not depend on its verdict: patchelf and the deflate of the changed members run while
+        # it analyses, into a wheel set aside. The verdict then only retags that wheel.
+        patched_ahead, ahead_wheel = _patch_ahead(raw_wheel, tree, early_changes, work / "ahead",
+                                                  policy, settings, log_file, log, compression_level, threads)
+        patched_at = time.monotonic()
+        verdict = verdict_of()
         analysed = time.monotonic()
         _note(log_file, f"auditwheel verdict on {raw_wheel.name}: {verdict.tag}, "
                         + ("grafts " + "; ".join(f"{', '.join(libs)} for {name}" for name, libs in verdict.grafts.items())
                            if verdict.grafts else "nothing to graft"))
-        added: dict[str, Added] = {}
-        changed: dict[str, bytes | Path] = {}
-        dropped: set[str] = set()
-        if verdict.grafts:
-            grafted = audit.repair(skeleton, work / "auditwheel", policy.excludes, verdict.tag, log_file, log, who_needs=who_needs)
-            changed, added, dropped = _taken_from(grafted, skeleton, tree, members, work / "grafted")
-        patched = _relink(raw_wheel, {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
-                          policy, settings, log_file, log, threads)
-        relinked = time.monotonic()
-        for name, path in patched.items():
-            if name not in added:
-                changed[name] = path
         tag = verdict.tag
         wheel_member = f"{raw.dist_info}/WHEEL"
         retagged = _retag(wheel_text, tag)
-        if retagged != wheel_text:
-            changed[wheel_member] = retagged.encode("utf-8")
-        if settings.requires_pins:
-            pinned = pin_requirements(metadata_text, settings.requires_pins)
-            if pinned != metadata_text:
-                changed[f"{raw.dist_info}/METADATA"] = pinned.encode("utf-8")
+        retag = {wheel_member: retagged.encode("utf-8")} if retagged != wheel_text else {}
         dest = wheelhouse / replace_platform_tag(raw_wheel.name, tag)
-        if not (changed or added or dropped):
-            final = copy_file(raw_wheel, dest)  # nothing to change: the floor is a copy
-        else:
+        added: dict[str, Added] = {}
+        if verdict.grafts:
+            # The wheel set aside is not used; the files patched ahead are (patching is idempotent).
+            grafted = audit.repair(skeleton, work / "auditwheel", policy.excludes, verdict.tag, log_file, log, who_needs=who_needs)
+            changed, added, dropped = _taken_from(grafted, skeleton, tree, members, work / "grafted")
+            relinked = _relink(raw_wheel, {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
+                               policy, settings, log_file, log, threads)
+            patched = {name: tree[name] for name in {*patched_ahead, *relinked} if name in tree and name not in added}
+            changed.update({**patched, **early_changes, **retag})
             final = rewrite_wheel(raw_wheel, dest, replace=changed, added=added, dropped=frozenset(dropped),
                                   compression_level=compression_level, threads=threads)
+        else:
+            patched, changed = patched_ahead, {**patched_ahead, **early_changes, **retag}
+            source = ahead_wheel or raw_wheel
+            if retag:
+                final = rewrite_wheel(source, dest, replace=retag, compression_level=compression_level, threads=threads)
+            else:
+                final = copy_file(source, dest)  # nothing (more) to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
     marker = _repaired_marker(final, settings)
     marker.parent.mkdir(parents=True, exist_ok=True)
     marker.touch()
     log.info(
-        "repaired %s -> %s in %.1f s (analysis %.1f s, RPATHs of %d files %.1f s, write %d changed/%d added members %.1f s)",
-        raw_wheel.name, final.name, time.monotonic() - started, analysed - started,
-        len(patched), relinked - analysed, len(changed), len(added), time.monotonic() - relinked,
+        "repaired %s -> %s in %.1f s (unpacked in %.1f s; then RPATHs of %d files set and deflated %.1f s, "
+        "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
+        raw_wheel.name, final.name, time.monotonic() - started, unpacked - started, len(patched),
+        patched_at - unpacked, analysed - patched_at, len(changed), len(added), time.monotonic() - analysed,
     )
     return final
+
+
+def _patch_ahead(
+    wheel: Path, tree: dict[str, Path], changes: dict[str, bytes | Path], dest: Path, policy: RocmPolicy,
+    settings: RepairSettings, log_file: Path | None, log: logging.Logger | logging.LoggerAdapter,
+    compression_level: int, threads: int | None,
+) -> tuple[dict[str, Path], Path | None]:
+    """The RPATHs of ``tree`` set, and ``wheel`` rewritten into folder ``dest`` with them and
+    ``changes``: (the patched files, the wheel or None when nothing changed)."""
+    patched = _relink(wheel, tree, policy, settings, log_file, log, threads)
+    if not (patched or changes):
+        return patched, None
+    dest.mkdir()
+    return patched, rewrite_wheel(wheel, dest / wheel.name, replace={**patched, **changes},
+                                  compression_level=compression_level, threads=threads)
 
 
 def _repaired_marker(wheel: Path, settings: RepairSettings) -> Path:
