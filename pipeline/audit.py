@@ -12,8 +12,11 @@ import logging
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import sysconfig
+import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ _FIX_MISSING = (
     "or install it in the builder (or put its folder on LD_LIBRARY_PATH) so it is grafted"
 )
 
+_STOPS = {signal.SIGINT, signal.SIGTERM}
 Log = logging.Logger | logging.LoggerAdapter
 # Called only when a library is missing: the wheel's ELF files as (member, extracted path, NEEDED).
 WhoNeeds = Callable[[], Sequence[tuple[str, Path, Sequence[str]]]]
@@ -77,14 +81,36 @@ def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: 
 class AnalysisAside:
     """``analyze`` in a process of its own, started on entering (its imports overlap the caller's
     work): the caller patches and deflates meanwhile, and auditwheel's pure-Python analysis does
-    not compete with it for the GIL (in a thread it was twice as slow). Leaving waits for it."""
+    not compete with it for the GIL (in a thread it was twice as slow). Leaving waits for it, or,
+    on an error, stops it; its temporary files go into ``temp`` (the caller's, removed after)."""
+
+    def __init__(self, temp: Path) -> None:
+        self._temp = temp
 
     def __enter__(self) -> AnalysisAside:
-        self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        self._pool.submit(_ready)
+        # Signals wait until the process has started (one stopping the start would leave it reading
+        # half its start-up data, and printing a traceback); the process ignores them: on the way
+        # out it is stopped here. Only the main thread may set handlers (and only it gets signals).
+        held: list[int] = []
+        main = threading.current_thread() is threading.main_thread()
+        previous = {stop: signal.signal(stop, lambda signum, _: held.append(signum)) for stop in _STOPS} if main else {}
+        try:
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_start, initargs=(str(self._temp),))
+            self._pool.submit(_ready)
+        finally:
+            for stop, handler in previous.items():
+                signal.signal(stop, handler)
+        if held:
+            self.__exit__(RuntimeError, None, None)
+            signal.raise_signal(held[0])
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, failure: type[BaseException] | None, *_: object) -> None:
+        if failure is not None:  # its verdict is no longer wanted: do not wait for it
+            # (ProcessPoolExecutor.terminate_workers arrives with Python 3.14)
+            for process in list(self._pool._processes.values()):  # type: ignore[attr-defined]
+                process.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(
@@ -93,6 +119,12 @@ class AnalysisAside:
         """Start ``analyze``; the function returned waits for its verdict (or raises its error)."""
         outcome = self._pool.submit(_judge, wheel, tuple(members), tuple(excludes), plat)
         return lambda: _verdict(wheel, outcome.result(), who_needs)
+
+
+def _start(temp: str) -> None:
+    os.environ["TMPDIR"] = tempfile.tempdir = temp
+    for stop in _STOPS:
+        signal.signal(stop, signal.SIG_IGN)
 
 
 def _ready() -> None:

@@ -196,8 +196,8 @@ def repair_wheel(
     from .requirements import pin_requirements
 
     # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
-    # The analysis process ends before its skeleton's folder goes.
-    with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp, audit.AnalysisAside() as aside:
+    # The analysis process ends before its folder goes.
+    with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp, audit.AnalysisAside(Path(temp)) as aside:
         work = Path(temp)
         with open_wheel(raw_wheel) as archive:
             members = {info.filename: info for info in archive.infolist()}
