@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from pipeline.layout import Layout
 from pipeline.lock import load_lock
 from pipeline.plan import plan_document, select_plan
 from pipeline.provenance import Provenance, record_path
+from pipeline.publish import publish
 from pipeline.recipes import load_recipes
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 
@@ -212,25 +215,55 @@ def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, ind
 # --- exact builds taken from an index ---
 
 
+def canary_build(host_line, canary_targets) -> list[str]:
+    return ["wheels", "--arch", canary_targets[0], "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
+
+
+def run_cli(layout: Layout, *args: str) -> None:
+    result = CliRunner().invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(layout.wheelhouse),
+                                      "--work-dir", str(layout.work_dir), *args])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def first_runner(tmp_path_factory: pytest.TempPathFactory, host_line, canary_targets) -> Layout:
+    """A first runner's wheelhouse with the canary built, shared by every kind of index."""
+    root = tmp_path_factory.mktemp("first")
+    first = Layout(RECIPES, root / "wheelhouse", root / "build")
+    run_cli(first, *canary_build(host_line, canary_targets))
+    return first
+
+
+@contextmanager
+def serving(kind: str, wheelhouse: Path, root: Path, line_label: str, static_server, monkeypatch) -> Iterator[str]:
+    """``wheelhouse`` on an index of ``kind``, as the team would have it; yields its simple URL."""
+    if kind == "static":
+        build_static_index(wheelhouse)
+        with static_server(wheelhouse) as url:
+            yield f"{url}simple/{line_label}/"
+        return
+    add_htpasswd_user(root / "htpasswd", USER, PASSWORD)
+    with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
+        monkeypatch.setenv("TWINE_USERNAME", USER)
+        monkeypatch.setenv("TWINE_PASSWORD", PASSWORD)
+        published = publish(wheelhouse, server.url)
+        assert published.records and not published.records_refused
+        yield server.simple_url
+
+
 @pytest.mark.hipcc
 @pytest.mark.network
-def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, host_line, canary_targets, static_server) -> None:
-    """A first runner builds and serves its wheelhouse as a static index; a second one, with an
+@pytest.mark.parametrize("kind", ["static", "pypiserver"])
+def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, kind: str, first_runner: Layout, host_line,
+                                                       canary_targets, static_server, monkeypatch) -> None:
+    """A first runner builds and puts its wheelhouse on the team's index (the static one of
+    `index build`, or pypiserver through `rocwheels serve` and `publish`); a second one, with an
     empty wheelhouse, takes the canary from there (fingerprint and sha256 checked) and builds
     nothing; for other GPU targets (another fingerprint) nothing is taken."""
-    first = Layout(RECIPES, tmp_path / "first", tmp_path / "b1")
-    build = ["wheels", "--arch", canary_targets[0], "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
-    runner = CliRunner()
-    result = runner.invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(first.wheelhouse), "--work-dir", str(first.work_dir), *build])
-    assert result.exit_code == 0, result.output
-    build_static_index(first.wheelhouse)
-    (wheel,) = first.wheelhouse.glob("*.whl")
-    with static_server(first.wheelhouse) as url:
-        index_url = f"{url}simple/{host_line[1].local_version}/"
+    (wheel,) = first_runner.wheelhouse.glob("*.whl")
+    with serving(kind, first_runner.wheelhouse, tmp_path, host_line[1].local_version, static_server, monkeypatch) as index_url:
         second = Layout(RECIPES, tmp_path / "second", tmp_path / "b2")
-        result = runner.invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(second.wheelhouse), "--work-dir", str(second.work_dir),
-                                     *build, "--from-index", index_url])
-        assert result.exit_code == 0, result.output
+        run_cli(second, *canary_build(host_line, canary_targets), "--from-index", index_url)
         assert (second.wheelhouse / wheel.name).read_bytes() == wheel.read_bytes()
         assert Provenance.read(record_path(second.wheelhouse / wheel.name)) == Provenance.read(record_path(wheel))
         assert not second.recipe_work("rocm-canary").exists()  # nothing was built
