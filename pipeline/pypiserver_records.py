@@ -7,9 +7,10 @@ pypiserver's own command line with its WSGI app wrapped: requests for
 ``/packages/<wheel>.provenance.json`` are answered here (GET: the record lying beside the wheel;
 PUT: store one, behind the same login and ``--authenticate`` rules as pypiserver's uploads), and
 everything else reaches pypiserver unchanged. A record is stored only when it names the wheel the
-index holds and that file's sha256, and never replaces another. pypiserver's internals used here
-(``setup_routes_from_config``, ``config.authenticate``, ``config.auther``, ``config.backend``) are
-bounded by the version range in pyproject.toml.
+index holds and that file's sha256, and never replaces another. The pypiserver internals used
+here (``setup_routes_from_config``, ``config.authenticate``, ``config.auther``, ``config.backend``)
+were read in pypiserver 2.4.2 (pypiserver/__init__.py, config.py, _app.py); tests/test_serve.py
+runs them for real.
 """
 
 from __future__ import annotations
