@@ -211,16 +211,19 @@ def _publish_records(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[t
     on_index: list[Path] = []
     for number, wheel in enumerate(with_records):
         record = record_path(wheel.path)
-        url = listed[wheel.path.name].url + SUFFIX
         data = record.read_bytes()
-        there = _read(opener, url, missing_ok=True)
-        if there is not None:
-            if there != data:
-                log.warning("%s: the index keeps the record it already has for these very bytes (built from other "
-                            "inputs); CI reuse compares against that one", record.name)
-            on_index.append(record)
-            continue
-        refusal = _put_record(opener, url, data)
+        if wheel.path.name in listed:
+            url = listed[wheel.path.name].url + SUFFIX
+            there = _read(opener, url, missing_ok=True)
+            if there is not None:
+                if there != data:
+                    log.warning("%s: the index keeps the record it already has for these very bytes (built from other "
+                                "inputs); CI reuse compares against that one", record.name)
+                on_index.append(record)
+                continue
+            refusal = _put_record(opener, url, data)
+        else:
+            refusal = f"its simple page {repo.simple_url}{wheel.project}/ does not list {wheel.path.name} after the upload"
         if refusal:
             refused = tuple(record_path(w.path) for w in with_records[number:])
             log.warning(

@@ -235,12 +235,18 @@ def first_runner(tmp_path_factory: pytest.TempPathFactory, host_line, canary_tar
 
 
 @contextmanager
-def serving(kind: str, wheelhouse: Path, root: Path, line_label: str, static_server, monkeypatch) -> Iterator[str]:
-    """``wheelhouse`` on an index of ``kind``, as the team would have it; yields its simple URL."""
+def serving(kind: str, wheelhouse: Path, root: Path, line_label: str, static_server,
+            monkeypatch) -> Iterator[tuple[str, Path]]:
+    """``wheelhouse``'s wheels on an index of ``kind``, as the team would have it; yields its simple
+    URL and the folder the server reads the files from."""
     if kind == "static":
-        build_static_index(wheelhouse)
-        with static_server(wheelhouse) as url:
-            yield f"{url}simple/{line_label}/"
+        site = root / "site"  # a copy: the test may change what the server holds
+        site.mkdir()
+        for path in wheelhouse.glob("*.whl*"):
+            shutil.copy2(path, site)
+        build_static_index(site)
+        with static_server(site) as url:
+            yield f"{url}simple/{line_label}/", site
         return
     add_htpasswd_user(root / "htpasswd", USER, PASSWORD)
     with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
@@ -248,7 +254,7 @@ def serving(kind: str, wheelhouse: Path, root: Path, line_label: str, static_ser
         monkeypatch.setenv("TWINE_PASSWORD", PASSWORD)
         published = publish(wheelhouse, server.url)
         assert published.records and not published.records_refused
-        yield server.simple_url
+        yield server.simple_url, root / "packages"
 
 
 @pytest.mark.hipcc
@@ -259,9 +265,11 @@ def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, kind: str
     """A first runner builds and puts its wheelhouse on the team's index (the static one of
     `index build`, or pypiserver through `rocwheels serve` and `publish`); a second one, with an
     empty wheelhouse, takes the canary from there (fingerprint and sha256 checked) and builds
-    nothing; for other GPU targets (another fingerprint) nothing is taken."""
+    nothing; for other GPU targets (another fingerprint) nothing is taken; a wheel changed on the
+    index after it was published is refused."""
     (wheel,) = first_runner.wheelhouse.glob("*.whl")
-    with serving(kind, first_runner.wheelhouse, tmp_path, host_line[1].local_version, static_server, monkeypatch) as index_url:
+    with serving(kind, first_runner.wheelhouse, tmp_path, host_line[1].local_version, static_server,
+                 monkeypatch) as (index_url, served):
         second = Layout(RECIPES, tmp_path / "second", tmp_path / "b2")
         run_cli(second, *canary_build(host_line, canary_targets), "--from-index", index_url)
         assert (second.wheelhouse / wheel.name).read_bytes() == wheel.read_bytes()
@@ -273,6 +281,15 @@ def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, kind: str
         plan = select_plan(third, "rocm-canary", other_targets, host_line[0], "local")
         assert fetch_from_index(plan, third, index_url) == {"rocm-canary": 0}
         assert not third.wheelhouse.exists() or not list(third.wheelhouse.iterdir())
+
+        (served / wheel.name).write_bytes(wheel.read_bytes() + b"\0")  # changed on the server's disk
+        fourth = Layout(RECIPES, tmp_path / "fourth", tmp_path / "b4")
+        refused = CliRunner().invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(fourth.wheelhouse),
+                                           "--work-dir", str(fourth.work_dir), *canary_build(host_line, canary_targets),
+                                           "--from-index", index_url])
+        assert isinstance(refused.exception, RocwheelsError), refused.output
+        assert "differs from its provenance record's" in str(refused.exception)
+        assert not list(fourth.wheelhouse.glob("*.whl*")) and not list(fourth.wheelhouse.glob(".fetch-*"))
 
 
 def test_one_python_of_the_line_per_job() -> None:
