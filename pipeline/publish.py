@@ -35,7 +35,7 @@ from twine.utils import DEFAULT_CONFIG_FILE, get_repository_from_config
 from .cmd import run
 from .errors import RocwheelsError
 from .index import WheelFile, page_links, scan_wheels
-from .provenance import SUFFIX, record_path
+from .provenance import SUFFIX, Provenance, record_path
 
 log = logging.getLogger("rocwheels")
 
@@ -217,8 +217,7 @@ def _publish_records(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[t
             there = _read(opener, url, missing_ok=True)
             if there is not None:
                 if there != data:
-                    log.warning("%s: the index keeps the record it already has for these very bytes (built from other "
-                                "inputs); CI reuse compares against that one", record.name)
+                    _warn_other_record(record.name, there, wheel.sha256, url)
                 on_index.append(record)
                 continue
             refusal = _put_record(opener, url, data)
@@ -235,6 +234,20 @@ def _publish_records(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[t
         log.info("%s: published beside its wheel", record.name)
         on_index.append(record)
     return tuple(on_index), ()
+
+
+def _warn_other_record(name: str, there: bytes, sha256: str, url: str) -> None:
+    """The index holds another record for a wheel: say whether it still describes the wheel's bytes."""
+    try:
+        named = Provenance.parse(there).sha256
+    except (ValueError, TypeError):
+        named = None
+    if named == sha256:
+        log.warning("%s: the index keeps the record it already has for these very bytes (built from other inputs); "
+                    "CI reuse compares against that one", name)
+    else:
+        log.warning("%s on the index does not describe the wheel there (%s): CI reuse will refuse this wheel. Remove "
+                    "the record from the index's packages folder and publish again", name, url)
 
 
 def _put_record(opener: OpenerDirector, url: str, data: bytes) -> str | None:

@@ -333,3 +333,24 @@ def test_a_wheel_that_no_longer_matches_its_record_is_not_published(tmp_path, in
         publish(wheelhouse, index.url)
     with pytest.raises(HTTPError):  # nothing of it reached the index
         urlopen(f"{index.simple_url}record-demo/", timeout=10)
+
+
+@pytest.mark.network
+def test_a_record_already_on_the_index_is_kept_and_a_stale_one_is_named(tmp_path, htpasswd, login, make_wheel, caplog):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    write_record(wheel, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
+    packages = tmp_path / "packages"
+    with running_pypiserver(packages, htpasswd) as server, caplog.at_level("WARNING", logger="rocwheels"):
+        publish(wheelhouse, server.url)
+        kept = record_path(packages / wheel.name).read_bytes()
+        write_record(wheel, "e" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})  # same bytes, other inputs
+        publish(wheelhouse, server.url)
+        assert record_path(packages / wheel.name).read_bytes() == kept
+        assert "keeps the record it already has for these very bytes" in caplog.text
+
+        (packages / wheel.name).unlink()  # removed from the index by hand, its record forgotten there
+        rebuilt = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9", build="rebuilt")
+        write_record(rebuilt, "d" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
+        publish(wheelhouse, server.url)
+    assert f"{record_path(wheel).name} on the index does not describe the wheel there" in caplog.text
