@@ -195,6 +195,7 @@ def test_the_github_workflow_builds_and_publishes_the_canary(tmp_path: Path, ind
     assert len(wheels) == 1 and (artifact / "logs" / "rocm-canary.log").is_file()
     assert record_path(artifact / wheels[0]).is_file()
     assert wheels[0] in published(packages)
+    assert record_path(packages / wheels[0]).read_bytes() == record_path(artifact / wheels[0]).read_bytes()
 
 
 @pytest.mark.hipcc
@@ -210,6 +211,7 @@ def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, ind
     assert runner.ran == ["matrix", f"rocm-canary py{python}", "publish"]
     wheels = sorted(p.name for p in (tmp_path / "artifacts" / f"rocm-canary py{python}" / "wheelhouse").glob("*.whl"))
     assert len(wheels) == 1 and wheels[0] in published(packages)
+    assert record_path(packages / wheels[0]).is_file()  # the publish job put the provenance beside the wheel
 
 
 # --- exact builds taken from an index ---
