@@ -14,8 +14,8 @@ from urllib.error import HTTPError
 from urllib.request import urlopen
 
 import pytest
-
 from click.testing import CliRunner
+from test_serve import _wait_for
 
 from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
@@ -290,15 +290,7 @@ def _plain_pypiserver(packages: Path, htpasswd: Path) -> Iterator[str]:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}/"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urlopen(url + "health", timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.1)
+        _wait_for(url + "health")
         yield url
     finally:
         server.terminate()
