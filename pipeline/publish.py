@@ -4,9 +4,10 @@ Before uploading, the index's PEP 503 pages are read: a wheel already listed wit
 is skipped, the same file name with another hash stops the run (an index must never serve two
 different files under one name). Each wheel's provenance record then goes beside it, to
 ``<wheel URL>.provenance.json`` (an index started by ``rocwheels serve`` accepts it there, with the
-upload login, only if it names that wheel's sha256); an index that takes no records gets the wheels
-alone, with a warning: CI reuse from it is then off. Credentials stay twine's business (environment, ``.pypirc`` or
-keyring); the ones rocwheels can see are masked in every log line and message.
+upload login, only if it names that wheel's sha256); an index that takes no records gets the
+wheels alone, with a warning: CI reuse from it is then off. Credentials stay twine's business
+(environment, ``.pypirc`` or keyring); the ones rocwheels can see are masked in every log line and
+message.
 """
 
 from __future__ import annotations
@@ -271,8 +272,7 @@ def _put_record(opener: OpenerDirector, url: str, data: bytes) -> str | None:
                              fix="the record must describe the very bytes of the wheel on the index: rebuild the wheel "
                                  "(rocwheels wheels ... --force), verify it and publish it under a new version") from None
     except (OSError, http.client.HTTPException) as exc:
-        reason = exc.reason if isinstance(exc, URLError) else exc
-        raise _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}") from None
+        raise _unreachable(url, exc) from None
 
 
 def _index_opener(repo: Repository) -> OpenerDirector:
@@ -305,9 +305,14 @@ def _read(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> byte
                                      "rocwheels reads the index with the upload login") from None
         raise RocwheelsError(f"{url} answered HTTP {exc.code} {exc.reason}: not a PEP 503 simple index",
                              fix="pass the index's simple URL (--simple-url), e.g. http://host:port/simple/") from None
-    except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError: refused, reset, timeout, DNS
-        reason = exc.reason if isinstance(exc, URLError) else exc
-        raise _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _unreachable(url, exc) from None
+
+
+def _unreachable(url: str, exc: OSError | http.client.HTTPException) -> _TransientError:
+    """A connection that failed (URLError is an OSError: refused, reset, timeout, DNS), worth another try."""
+    reason = exc.reason if isinstance(exc, URLError) else exc
+    return _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}")
 
 
 def _file_links(page: str, page_url: str) -> dict[str, _Listed]:
