@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start", flush=True)
     try:
+        # Byte-compiled, as pip leaves an installed package: with PYTHONDONTWRITEBYTECODE set every
+        # measured process would compile rocwheels' sources again, which no user pays.
+        run([PYTHON, "-m", "compileall", "-q", str(ROOT / "pipeline"), str(HERE)], quiet=True)
         targets = tomllib.loads((HERE / "targets.toml").read_text())["target"]
         generated = ensure_test_wheel(cache, args.size_mb)
         print(f"  {describe(generated.manifest)} ({'reused' if generated.reused else 'generated'})", flush=True)

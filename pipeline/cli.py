@@ -50,7 +50,7 @@ def target_options(command):
     command = click.option("--recipes", default=None,
                            help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
     command = click.option("--jobs", type=click.IntRange(min=1), default=None, envvar="ROCWHEELS_JOBS",
-                           help="parallel compile jobs ({jobs} in recipes); default: this machine's cores")(command)
+                           help="parallel compile jobs ({jobs} in recipes); default: this machine's cores, at most one per 8 GB of memory")(command)
     command = click.option("--python", default=None, envvar="ROCWHEELS_PYTHON",
                            help="build for this one of the line's Python versions (X.Y; one CI job each); default: all")(command)
     return command
