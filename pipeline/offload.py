@@ -6,6 +6,12 @@ header, then a zlib or zstd stream that inflates to a plain bundle). Each entry 
 named by an id such as ``hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-``; the host entry is
 empty and spelled several ways (``host-x86_64-unknown-linux``, ``host-x86_64-unknown-linux-gnu``).
 All integers are little-endian.
+
+Only entry tables are read, never the code objects: of a compressed bundle just the start of its
+stream is inflated. A zstd decoder writes all it inflates through a window as large as the frame
+(a hundred megabytes in a ROCm library), so inflating a whole frame would fill it. CCOB v1 records
+no total size: the end of a zstd frame is found from its block headers without inflating it, and
+a zlib stream is inflated to its end with the output dropped as it comes (zlib's window is 32 KiB).
 """
 
 from __future__ import annotations
