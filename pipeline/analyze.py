@@ -12,19 +12,15 @@ import mmap
 import posixpath
 import re
 import tempfile
-import threading
 import zipfile
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cache
 from pathlib import Path
-from typing import TypeVar
 
 from .elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
-from .errors import RocwheelsError
 from .offload import OffloadBundleError, gpu_targets, parse_fatbin
 from .platform_tag import symbol_versions
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
@@ -34,7 +30,6 @@ from .wheelfile import WheelInfo, check_wheel, extract, open_wheel
 DEFAULT_LIBRARY_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")
 # musl's: its built-in default, then what Debian's musl lists in /etc/ld-musl-x86_64.path.
 MUSL_LIBRARY_DIRS = ("/lib", "/usr/local/lib", "/usr/lib", "/lib/x86_64-linux-musl", "/usr/lib/x86_64-linux-musl")
-T = TypeVar("T")
 _DATA_DIR = re.compile(r"^[^/]+\.data/(purelib|platlib)/")
 # The largest page-cache folio a fault may map at once (a PMD: 2 MiB on x86-64).
 _FOLIO_REACH = 2 << 20
@@ -149,16 +144,16 @@ def libc_of(elfs: Sequence[ElfInfo]) -> Libc:
 
 def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalysis:
     layout = layout or TargetLayout()
-    check_wheel(path, verify_hashes=False)  # safe to open and extract
-    # Every member's RECORD hash is checked beside the analysis, not before it: both mostly
-    # inflate and hash, which release the GIL, so on two cores the check costs no time.
-    hashes = _beside(check_wheel, path)
-    try:
-        raw = _read_elf_members(path)
-    except RocwheelsError:
-        hashes.result()  # a member changed after the build explains a damaged file best
-        raise
-    info = hashes.result()
+    info = check_wheel(path)
+    with open_wheel(path) as archive, tempfile.TemporaryDirectory(prefix="rocwheels-analyze-") as scratch:
+        elf_names = [n for n in archive.namelist() if not n.endswith("/") and _starts_with_elf_magic(archive, n)]
+        raw = []
+        for name in elf_names:
+            extracted = extract(archive, [name], Path(scratch))[name]
+            elf = read_elf(extracted, with_fatbin=False)
+            # The GPU code is streamed from a mapping of the file, never held: a torch wheel holds gigabytes of it.
+            raw.append((name, elf, _code_objects(extracted), symbol_versions(extracted)))
+            extracted.unlink()  # one large library at a time on disk
     installed = {_install_path(name): elf for name, elf, _, _ in raw if elf.machine != "EM_AMDGPU"}
     loader = MUSL_LOADER if libc_of(list(installed.values())) is Libc.MUSL else GLIBC_LOADER
     resolved = _Resolver(installed, layout, loader).resolve_all()
@@ -169,35 +164,6 @@ def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalys
         for name, elf, code, versions in raw
     )
     return WheelAnalysis(info, members, layout)
-
-
-def _beside(function: Callable[..., T], *args: object) -> Future[T]:
-    """``function(*args)`` in a daemon thread: an interrupted caller exits without waiting for it
-    (it must only read)."""
-    future: Future[T] = Future()
-
-    def work() -> None:
-        try:
-            future.set_result(function(*args))
-        except BaseException as exc:  # handed to the caller by future.result()
-            future.set_exception(exc)
-
-    threading.Thread(target=work, name=f"rocwheels-{function.__name__}", daemon=True).start()
-    return future
-
-
-def _read_elf_members(path: Path) -> list[tuple[str, ElfInfo, _CodeObjects, tuple[tuple[str, str], ...]]]:
-    """Each ELF member of the wheel at ``path``: its ELF data, GPU code and symbol versions."""
-    with open_wheel(path) as archive, tempfile.TemporaryDirectory(prefix="rocwheels-analyze-") as scratch:
-        elf_names = [n for n in archive.namelist() if not n.endswith("/") and _starts_with_elf_magic(archive, n)]
-        raw = []
-        for name in elf_names:
-            extracted = extract(archive, [name], Path(scratch))[name]
-            elf = read_elf(extracted, with_fatbin=False)
-            # The GPU code is streamed from a mapping of the file, never held: a torch wheel holds gigabytes of it.
-            raw.append((name, elf, _code_objects(extracted), symbol_versions(extracted)))
-            extracted.unlink()  # one large library at a time on disk
-    return raw
 
 
 class _Resolver:
