@@ -283,7 +283,8 @@ def publish_command(obj: Context, repository: str, simple_url: str | None, confi
 
     with wheelhouse_lock(obj.layout.wheelhouse):
         result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
-    click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there")
+    click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there, "
+               f"{len(result.records)} provenance records beside them")
 
 
 @cli.group("index")
