@@ -83,6 +83,7 @@ MEASUREMENTS = (
     Measurement("copy-fixed", "  no change: file copy", _task("copy"), fixed=True),
     Measurement("auditwheel-show", "auditwheel show (reference)", lambda wheel, out, log: [PYTHON, "-m", "auditwheel", "show", str(wheel)]),
     Measurement("analyze", "rocwheels analyze_wheel", _task("analyze", with_out=False)),
+    Measurement("inspect", "rocwheels inspect (the command)", lambda wheel, out, log: [PYTHON, "-m", "pipeline", "inspect", str(wheel)]),
 )
 # Printed for every wheel, (measured, reference); the targets of targets.toml are among them.
 RATIOS = (
@@ -93,6 +94,7 @@ RATIOS = (
     ("repair-fixed-judged", "copy-fixed"),
     ("repair-fixed-judged", "auditwheel-repair-fixed"),
     ("analyze", "auditwheel-show"),
+    ("inspect", "auditwheel-show"),
 )
 
 
