@@ -83,6 +83,7 @@ MEASUREMENTS = (
     Measurement("copy-fixed", "  no change: file copy", _task("copy"), fixed=True),
     Measurement("auditwheel-show", "auditwheel show (reference)", lambda wheel, out, log: [PYTHON, "-m", "auditwheel", "show", str(wheel)]),
     Measurement("analyze", "rocwheels analyze_wheel", _task("analyze", with_out=False)),
+    Measurement("inspect", "rocwheels inspect (the command)", lambda wheel, out, log: [PYTHON, "-m", "pipeline", "inspect", str(wheel)]),
 )
 # Printed for every wheel, (measured, reference); the targets of targets.toml are among them.
 RATIOS = (
@@ -93,6 +94,7 @@ RATIOS = (
     ("repair-fixed-judged", "copy-fixed"),
     ("repair-fixed-judged", "auditwheel-repair-fixed"),
     ("analyze", "auditwheel-show"),
+    ("inspect", "auditwheel-show"),
 )
 
 
@@ -109,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start", flush=True)
     try:
+        # Byte-compiled, as pip leaves an installed package: with PYTHONDONTWRITEBYTECODE set every
+        # measured process would compile rocwheels' sources again, which no user pays.
+        run([PYTHON, "-m", "compileall", "-q", str(ROOT / "pipeline"), str(HERE)], quiet=True)
         targets = tomllib.loads((HERE / "targets.toml").read_text())["target"]
         generated = ensure_test_wheel(cache, args.size_mb)
         print(f"  {describe(generated.manifest)} ({'reused' if generated.reused else 'generated'})", flush=True)

@@ -5,10 +5,11 @@ architectures), ``plan`` (ordered steps), ``build``, ``repair``, ``verify``, ``p
 ``cli`` is a thin click layer over them.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 
 def rocwheels_version() -> str:
+    # Imported here: importlib.metadata costs more than a repair that only copies a wheel.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("rocwheels")
     except PackageNotFoundError:  # run from a source tree without installing

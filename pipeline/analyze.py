@@ -31,6 +31,8 @@ DEFAULT_LIBRARY_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64
 # musl's: its built-in default, then what Debian's musl lists in /etc/ld-musl-x86_64.path.
 MUSL_LIBRARY_DIRS = ("/lib", "/usr/local/lib", "/usr/lib", "/lib/x86_64-linux-musl", "/usr/lib/x86_64-linux-musl")
 _DATA_DIR = re.compile(r"^[^/]+\.data/(purelib|platlib)/")
+# The largest page-cache folio a fault may map at once (a PMD: 2 MiB on x86-64).
+_FOLIO_REACH = 2 << 20
 
 
 class Kind(str, Enum):
@@ -268,11 +270,15 @@ def _code_objects(path: Path) -> _CodeObjects:
     if span is None or span[1] == 0:
         return _CodeObjects()
     offset, size = span
+    released = offset  # in the file: pages before it have left this process
     with path.open("rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        def release(start: int, length: int) -> None:
-            # Pages already read leave this process (they stay in the page cache).
-            first = (offset + start) // mmap.PAGESIZE * mmap.PAGESIZE
-            mapped.madvise(mmap.MADV_DONTNEED, first, min(offset + start + length, len(mapped)) - first)
+        def release(end: int) -> None:
+            # Pages already read leave this process (they stay in the page cache). Touching one page
+            # may map the rest of its page-cache folio, up to 2 MiB behind it: drop that far back.
+            nonlocal released
+            first = max(released - _FOLIO_REACH, 0) // mmap.PAGESIZE * mmap.PAGESIZE
+            released = min(offset + end, len(mapped))
+            mapped.madvise(mmap.MADV_DONTNEED, first, released - first)
 
         with memoryview(mapped) as view, view[offset:offset + size] as section:
             try:

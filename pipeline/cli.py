@@ -50,7 +50,7 @@ def target_options(command):
     command = click.option("--recipes", default=None,
                            help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
     command = click.option("--jobs", type=click.IntRange(min=1), default=None, envvar="ROCWHEELS_JOBS",
-                           help="parallel compile jobs ({jobs} in recipes); default: this machine's cores")(command)
+                           help="parallel compile jobs ({jobs} in recipes); default: this machine's cores, at most one per 8 GB of memory")(command)
     command = click.option("--python", default=None, envvar="ROCWHEELS_PYTHON",
                            help="build for this one of the line's Python versions (X.Y; one CI job each); default: all")(command)
     return command
@@ -283,7 +283,8 @@ def publish_command(obj: Context, repository: str, simple_url: str | None, confi
 
     with wheelhouse_lock(obj.layout.wheelhouse):
         result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
-    click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there")
+    click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there, "
+               f"{len(result.records)} provenance records beside them")
 
 
 @cli.group("index")

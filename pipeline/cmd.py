@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import CommandError
+from .interrupts import held_while
 
 log = logging.getLogger("rocwheels")
 
@@ -67,12 +68,14 @@ def run(
         with log_file.open("a", encoding="utf-8") as sink:
             sink.write(f"+ {shown}\n")
             sink.flush()
-            proc = subprocess.Popen(
-                argv, env=full_env, cwd=cwd, text=True, errors="replace",
-                stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            )
+            proc: subprocess.Popen[str] | None = None
             try:
+                with held_while():
+                    proc = subprocess.Popen(
+                        argv, env=full_env, cwd=cwd, text=True, errors="replace",
+                        stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    )
                 if input is not None:
                     assert proc.stdin is not None
                     proc.stdin.write(input)
@@ -87,7 +90,8 @@ def run(
                 returncode = proc.wait()
             except BaseException:
                 # Interrupted (SIGTERM reaches only rocwheels): the command must not go on writing.
-                _stop(proc)
+                if proc is not None:
+                    _stop(proc)
                 raise
             sink.write(f"# exit code {returncode}\n")
         output = "".join(last_lines)

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,10 +25,41 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PRIVATE_PREFIX = "rocwheels-run-"
 
 
+# A signal that arrives while the main thread starts a child process is held back until the
+# child is known to the caller (see held_while): raised inside Popen, it would orphan the child.
+_holding = False
+_held: int | None = None
+
+
 def _interrupt(signum: int, _frame: object) -> None:
+    global _held
     for handled in SIGNALS:
         signal.signal(handled, signal.SIG_IGN)
+    if _holding:
+        _held = signum
+        return
     raise Interrupted(signum)
+
+
+@contextmanager
+def held_while() -> Iterator[None]:
+    """Run the body with SIGINT/SIGTERM held back; one that arrived is raised when it ends.
+
+    For starting a child process: the caller's cleanup then knows the child it must stop.
+    Only the main thread receives Python's signals, so elsewhere this does nothing.
+    """
+    global _holding, _held
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _holding = True
+    try:
+        yield
+    finally:
+        _holding = False
+        signum, _held = _held, None
+        if signum is not None:
+            raise Interrupted(signum)  # also over the body's own failure: the signal decides the exit
 
 
 @contextmanager

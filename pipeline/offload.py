@@ -6,6 +6,12 @@ header, then a zlib or zstd stream that inflates to a plain bundle). Each entry 
 named by an id such as ``hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-``; the host entry is
 empty and spelled several ways (``host-x86_64-unknown-linux``, ``host-x86_64-unknown-linux-gnu``).
 All integers are little-endian.
+
+Only entry tables are read, never the code objects: of a compressed bundle just the start of its
+stream is inflated. A zstd decoder writes all it inflates through a window as large as the frame
+(a hundred megabytes in a ROCm library), so inflating a whole frame would fill it. CCOB v1 records
+no total size: the end of a zstd frame is found from its block headers without inflating it, and
+a zlib stream is inflated to its end with the output dropped as it comes (zlib's window is 32 KiB).
 """
 
 from __future__ import annotations
@@ -35,18 +41,33 @@ _METHODS = {0: "zlib", 1: "zstd"}
 # ("amdhsa--gfx942") and absent in old ones ("hip-amdgcn-amd-amdhsa-gfx906").
 _GPU_ID = re.compile(r"[^-]+-amdgcn-[^-]*-[^-]*(?:-[^-]*)?-(gfx.+)")
 _NON_ZERO = re.compile(rb"[^\x00]")
-# Of an inflated bundle only its header is kept (magic, count, entry table): the code objects are
-# inflated piece by piece and dropped. 4 MiB holds the table of ~50,000 entries.
+# Of a compressed bundle only the start is inflated: as much as holds its header (magic, count,
+# entry table), first _TABLE_READ bytes, doubled while the table runs on, up to HEADER_LIMIT (the
+# table of ~50,000 entries). The code objects after it are never inflated.
 HEADER_LIMIT = 4 << 20
-# Compressed bytes per step: code objects deflate ~100x, so a step inflates to about a megabyte.
+_TABLE_READ = 16 << 10
+# zlib: compressed bytes handed over per step, and inflated bytes per read while skipping to the
+# end of a v1 bundle (which records no total size).
 _PIECE = 16 << 10
+_DRAIN = 1 << 20
+# zstd frame layout (RFC 8878): magic, the descriptor's content-checksum flag, 3-byte block headers.
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_ZSTD_CHECKSUM_FLAG = 0x04
+_ZSTD_BLOCK_HEADER = 3
+_ZSTD_RLE_BLOCK = 1
+_ZSTD_RESERVED_BLOCK = 3
 
-# Given (offset, length) in the section: the caller may drop those bytes from memory (an mmap's pages).
-Release = Callable[[int, int], None]
+# Given an offset in the section: everything before it has been read, the caller may drop it from
+# memory (an mmap's pages).
+Release = Callable[[int], None]
 
 
 class OffloadBundleError(RocwheelsError):
     """A fat binary that is truncated, garbled or in a format this parser does not know."""
+
+
+class _TruncatedBundle(OffloadBundleError):
+    """The data ends before a header does: of an inflated bundle, more of it may need inflating."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +105,9 @@ class Bundle:
 def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tuple[Bundle, ...]:
     """Every bundle in ``data`` (a ``.hip_fatbin`` section, or a view of it in a mapped file), in order.
 
-    Memory stays small however large the section: plain bundles are read by their headers, and
-    compressed ones are inflated piece by piece; ``release`` is told of each bundle once read.
+    Memory stays small however large the section: plain bundles are read by their headers, of a
+    compressed one only the start that holds its header is inflated; ``release`` is told how
+    far the section has been read after each bundle and its padding.
     """
     bundles = []
     pos = _skip_padding(data, 0)
@@ -101,9 +123,9 @@ def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tu
                 f"padding, found bytes {data[pos:pos + 8].hex(' ')}"
             )
         bundles.append(bundle)
-        if release:
-            release(bundle.offset, bundle.size)
         pos = _skip_padding(data, bundle.offset + bundle.size)
+        if release:
+            release(pos)
     return tuple(bundles)
 
 
@@ -123,7 +145,7 @@ def _skip_padding(data: bytes, pos: int) -> int:
 
 def _unpack(layout: struct.Struct, data: bytes, pos: int, where: str, what: str) -> tuple:
     if len(data) - pos < layout.size:
-        raise OffloadBundleError(
+        raise _TruncatedBundle(
             f"{where}: truncated at 0x{pos:x}: expected {what} "
             f"({layout.size} bytes), {max(len(data) - pos, 0)} remain"
         )
@@ -145,7 +167,7 @@ def _read_plain(data: bytes | memoryview, start: int, where: str, length: int | 
     (count,) = _unpack(_U64, data, pos, where, "the entry count")
     pos += _U64.size
     if count > (len(data) - pos) // _ENTRY.size:
-        raise OffloadBundleError(
+        raise _TruncatedBundle(
             f"{where}: truncated or garbled: {count} entries need at least {count * _ENTRY.size} "
             f"bytes of entry headers, {len(data) - pos} remain"
         )
@@ -154,7 +176,7 @@ def _read_plain(data: bytes | memoryview, start: int, where: str, length: int | 
         offset, size, id_length = _unpack(_ENTRY, data, pos, where, f"the header of entry {index}")
         pos += _ENTRY.size
         if id_length > len(data) - pos:
-            raise OffloadBundleError(
+            raise _TruncatedBundle(
                 f"{where}: truncated at 0x{pos:x}: entry {index} has an id of "
                 f"{id_length} bytes, {len(data) - pos} remain"
             )
@@ -204,34 +226,119 @@ def _read_compressed(data: bytes | memoryview, start: int, release: Release | No
             f"{where}: truncated or garbled: the header gives a total size of {total} bytes, "
             f"{len(data) - start} remain"
         )
-    with memoryview(data) as view, view[payload_start:payload_end] as payload:
-        head, inflated, used = _inflate(method, payload, where,
-                                        (lambda offset, length: release(payload_start + offset, length)) if release else None)
-    if inflated != raw_size:
-        raise OffloadBundleError(f"{where}: inflated to {inflated} bytes, the header says {raw_size}")
-    entries, _ = _read_plain(head, 0, f"{where} (inflated)", length=inflated)
+    payload_release = (lambda offset: release(payload_start + offset)) if release else None
+    try:
+        with memoryview(data) as view, view[payload_start:payload_end] as payload:
+            if method == "zstd":
+                _check_zstd_content_size(payload, raw_size, where)
+                with zstandard.ZstdDecompressor().stream_reader(payload) as reader:
+                    entries = _read_inflated_table(reader.read, raw_size, method, where)
+                # v1 records no total size: its end is found from the frame's block headers.
+                used = _zstd_frame_size(payload, where) if total is None else None
+            else:
+                inflater = _ZlibReader(payload, payload_release)
+                entries = _read_inflated_table(inflater.read, raw_size, method, where)
+                used = inflater.drain(raw_size, where) if total is None else None
+    except (zlib.error, zstandard.ZstdError) as exc:
+        raise OffloadBundleError(f"{where}: garbled {method} stream: {exc}") from None
     size = header.size + used if total is None else total
     return Bundle(start, size, method, version, entries)
 
 
-def _inflate(method: str, payload: memoryview, where: str, release: Release | None = None) -> tuple[bytes, int, int]:
-    """Inflate the stream at the start of ``payload`` piece by piece: (its first HEADER_LIMIT
-    bytes, its inflated size, how many payload bytes it used). ``release`` hears of each piece read."""
-    inflater = zlib.decompressobj() if method == "zlib" else zstandard.ZstdDecompressor().decompressobj()
+def _read_inflated_table(read: Callable[[int], bytes], raw_size: int, method: str, where: str) -> tuple[BundleEntry, ...]:
+    """The entries of the plain bundle a stream inflates to, from as little of its start as holds
+    the entry table: the code objects after it are never inflated."""
     head = bytearray()
-    inflated = used = 0
-    try:
-        while used < len(payload) and not inflater.eof:
-            with payload[used:used + _PIECE] as piece:
-                plain = inflater.decompress(piece)
-                if release:
-                    release(used, len(piece))
-                used += len(piece) - len(inflater.unused_data)
-            inflated += len(plain)
-            if len(head) < HEADER_LIMIT:
-                head += plain[:HEADER_LIMIT - len(head)]
-    except (zlib.error, zstandard.ZstdError) as exc:
-        raise OffloadBundleError(f"{where}: garbled {method} stream: {exc}") from None
-    if not inflater.eof:
-        raise OffloadBundleError(f"{where}: truncated {method} stream: the data ends before it does")
-    return bytes(head), inflated, used
+    want = min(raw_size, _TABLE_READ)
+    while True:
+        while len(head) < want and (piece := read(want - len(head))):
+            head += piece
+        try:
+            entries, _ = _read_plain(head, 0, f"{where} (inflated)", length=raw_size)
+            return entries
+        except _TruncatedBundle:
+            if len(head) < want:
+                raise OffloadBundleError(
+                    f"{where}: truncated {method} stream: it inflates to {len(head)} bytes, "
+                    f"the header says {raw_size}"
+                ) from None
+            if want >= min(raw_size, HEADER_LIMIT):
+                if want < raw_size:
+                    raise OffloadBundleError(
+                        f"{where} (inflated): garbled: its entry table does not end within its "
+                        f"first {HEADER_LIMIT} bytes"
+                    ) from None
+                raise
+        want = min(2 * want, raw_size, HEADER_LIMIT)
+
+
+class _ZlibReader:
+    """A zlib stream at the start of ``payload``, inflated a bounded piece per read; ``release``
+    hears of each piece of the payload once it has been handed to zlib."""
+
+    def __init__(self, payload: memoryview, release: Release | None) -> None:
+        self._payload = payload
+        self._release = release
+        self._inflater = zlib.decompressobj()
+        self._fed = 0  # payload bytes handed to zlib
+        self._pending = b""  # handed bytes zlib has not consumed yet (its output was full)
+        self._inflated = 0
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` more inflated bytes; b"" at the end of the stream or of the payload."""
+        while not self._inflater.eof:
+            if not self._pending:
+                if self._fed >= len(self._payload):
+                    return b""
+                self._pending = bytes(self._payload[self._fed:self._fed + _PIECE])
+                self._fed += len(self._pending)
+                if self._release:
+                    self._release(self._fed)
+            plain = self._inflater.decompress(self._pending, size)
+            self._pending = self._inflater.unconsumed_tail
+            if plain:
+                self._inflated += len(plain)
+                return plain
+        return b""
+
+    def drain(self, raw_size: int, where: str) -> int:
+        """Inflate the rest, dropping it (zlib's window is 32 KiB, so memory stays small):
+        how many payload bytes the stream takes, checked against its inflated size."""
+        while self.read(_DRAIN):
+            pass
+        if not self._inflater.eof:
+            raise OffloadBundleError(f"{where}: truncated zlib stream: the data ends before it does")
+        if self._inflated != raw_size:
+            raise OffloadBundleError(f"{where}: inflated to {self._inflated} bytes, the header says {raw_size}")
+        return self._fed - len(self._inflater.unused_data)
+
+
+def _check_zstd_content_size(payload: memoryview, raw_size: int, where: str) -> None:
+    """The frame header's content size, when it has one (clang's one-shot compression writes it),
+    must be the bundle header's uncompressed size."""
+    content_size = zstandard.frame_content_size(payload)
+    if content_size != zstandard.CONTENTSIZE_UNKNOWN and content_size != raw_size:
+        raise OffloadBundleError(f"{where}: the zstd frame inflates to {content_size} bytes, the header says {raw_size}")
+
+
+def _zstd_frame_size(payload: memoryview, where: str) -> int:
+    """Bytes the zstd frame at the start of ``payload`` occupies, read from its block headers
+    (RFC 8878 3.1.1) without inflating it: inflating would fill a window as large as the frame's
+    content, a hundred megabytes in a ROCm library. clang writes one frame per bundle."""
+    if bytes(payload[:4]) != _ZSTD_MAGIC:
+        raise OffloadBundleError(f"{where}: garbled zstd stream: no zstd frame magic at its start")
+    pos = zstandard.frame_header_size(payload)
+    checksum = 4 if payload[4] & _ZSTD_CHECKSUM_FLAG else 0
+    last = False
+    while not last:
+        if len(payload) - pos < _ZSTD_BLOCK_HEADER:
+            raise OffloadBundleError(f"{where}: truncated zstd stream: the data ends before it does")
+        block = int.from_bytes(payload[pos:pos + _ZSTD_BLOCK_HEADER], "little")
+        last, kind, size = bool(block & 1), (block >> 1) & 3, block >> 3
+        if kind == _ZSTD_RESERVED_BLOCK:
+            raise OffloadBundleError(f"{where}: garbled zstd stream: reserved block type at payload offset 0x{pos:x}")
+        pos += _ZSTD_BLOCK_HEADER + (1 if kind == _ZSTD_RLE_BLOCK else size)
+    end = pos + checksum
+    if end > len(payload):
+        raise OffloadBundleError(f"{where}: truncated zstd stream: the data ends before it does")
+    return end

@@ -95,12 +95,26 @@ def make_plan(
     ordered = [for_targets(at_line(recipe, line_name, line, recipes_dir), targets, recipes_dir)
                for recipe in build_order(recipes, wanted)]
     by_name = {recipe.name: recipe for recipe in ordered}
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or default_jobs()
     steps = tuple(
         _step(recipe, line, targets, jobs, tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on), constraints)
         for recipe in ordered
     )
     return Plan(line_name, line, targets, steps, driver)
+
+
+# Upstream figures agree on about 8 GB per compile job for torch and flash-attention's CK kernels
+# (README: "What make wheels ARCH=gfx942 builds on a ROCm 7.2 build host").
+GB_PER_JOB = 8
+
+
+def default_jobs() -> int:
+    """Compile jobs when none are asked for: one per core, but no more than memory carries."""
+    return jobs_for(len(os.sched_getaffinity(0)), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def jobs_for(cores: int, memory_bytes: int) -> int:
+    return max(1, min(cores, memory_bytes // (GB_PER_JOB << 30)))
 
 
 def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -> Recipe:

@@ -41,10 +41,18 @@ class Provenance:
     @classmethod
     def read(cls, path: Path) -> Provenance:
         try:
-            return cls(**json.loads(path.read_text(encoding="utf-8")))
+            return cls.parse(path.read_bytes())
         except (OSError, ValueError, TypeError) as exc:
             raise RocwheelsError(f"{path}: not a readable provenance record ({exc})",
                                  fix="rebuild the wheel (make wheels ... --force) to write a new record") from None
+
+    @classmethod
+    def parse(cls, data: bytes) -> Provenance:
+        """The record in ``data`` (a record file's bytes); ValueError or TypeError when it is not one."""
+        fields = json.loads(data.decode("utf-8"))
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
+        return cls(**fields)
 
 
 def record_path(wheel: Path) -> Path:

@@ -2,8 +2,12 @@
 
 Before uploading, the index's PEP 503 pages are read: a wheel already listed with the same sha256
 is skipped, the same file name with another hash stops the run (an index must never serve two
-different files under one name). Credentials stay twine's business (environment, ``.pypirc`` or
-keyring); the ones rocwheels can see are masked in every log line and message.
+different files under one name). Each wheel's provenance record then goes beside it, to
+``<wheel URL>.provenance.json`` (an index started by ``rocwheels serve`` accepts it there, with the
+upload login, only if it names that wheel's sha256); an index that takes no records gets the
+wheels alone, with a warning: CI reuse from it is then off. Credentials stay twine's business
+(environment, ``.pypirc`` or keyring); the ones rocwheels can see are masked in every log line and
+message.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.error import HTTPError, URLError
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote, urljoin, urlsplit
 from urllib.request import (
     HTTPBasicAuthHandler,
     HTTPPasswordMgrWithDefaultRealm,
     OpenerDirector,
+    Request,
     build_opener,
 )
 
@@ -31,6 +36,7 @@ from twine.utils import DEFAULT_CONFIG_FILE, get_repository_from_config
 from .cmd import run
 from .errors import RocwheelsError
 from .index import WheelFile, page_links, scan_wheels
+from .provenance import SUFFIX, Provenance, record_path
 
 log = logging.getLogger("rocwheels")
 
@@ -58,6 +64,14 @@ class PublishResult:
     repository_url: str
     uploaded: tuple[Path, ...]
     skipped: tuple[Path, ...]  # already on the index with the same sha256
+    records: tuple[Path, ...] = ()  # provenance records on the index beside their wheels (sent now or before)
+    records_refused: tuple[Path, ...] = ()  # records the index would not take (not a rocwheels serve index)
+
+
+@dataclass(frozen=True)
+class _Listed:
+    url: str  # the file's link on its project page, made absolute, without the #sha256 fragment
+    sha256: str | None  # None when the page gives none
 
 
 class _TransientError(Exception):
@@ -123,6 +137,7 @@ def publish(wheelhouse: Path, repository: str, *, config_file: Path | None = Non
                     log.info("%s: already on %s with the same sha256, skipped", wheel.path.name, repo.simple_url)
             if pending:
                 _upload(pending, repo, log_file)
+            records, refused = _publish_records(wheels, repo)
             break
         except _TransientError as exc:
             if attempt == attempts:
@@ -137,7 +152,7 @@ def publish(wheelhouse: Path, repository: str, *, config_file: Path | None = Non
     uploaded = tuple(w.path for w in wheels if w not in already_there)
     for path in uploaded:
         log.info("%s: uploaded to %s", path.name, repo.upload_url)
-    return PublishResult(repo.upload_url, uploaded, tuple(w.path for w in already_there))
+    return PublishResult(repo.upload_url, uploaded, tuple(w.path for w in already_there), records, refused)
 
 
 def _simple_url_for(upload_url: str) -> str:
@@ -149,16 +164,16 @@ def _simple_url_for(upload_url: str) -> str:
 
 def _not_yet_published(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[WheelFile, ...]:
     """The wheels the index does not list; fails if it lists one of them with other contents."""
-    listed = _listed_hashes(repo, sorted({w.project for w in wheels}))
+    listed = _listed_files(repo, sorted({w.project for w in wheels}))
     problems = []
     for wheel in wheels:
         name = wheel.path.name
         if name not in listed:
             continue
-        if listed[name] is None:
+        if listed[name].sha256 is None:
             problems.append(f"{name} is listed without a sha256, so it cannot be compared")
-        elif listed[name] != wheel.sha256:
-            problems.append(f"{name}: index sha256 {listed[name]}, local sha256 {wheel.sha256}")
+        elif listed[name].sha256 != wheel.sha256:
+            problems.append(f"{name}: index sha256 {listed[name].sha256}, local sha256 {wheel.sha256}")
     if problems:
         raise RocwheelsError(
             f"{repo.simple_url} already holds files under these names with different contents: "
@@ -168,16 +183,96 @@ def _not_yet_published(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple
     return tuple(w for w in wheels if w.path.name not in listed)
 
 
-def _listed_hashes(repo: Repository, projects: list[str]) -> dict[str, str | None]:
-    """File name -> sha256 (None if the page gives none) for every file of ``projects`` on the index."""
+def _listed_files(repo: Repository, projects: list[str]) -> dict[str, _Listed]:
+    """File name -> where and with which sha256 the index lists it, for every file of ``projects``."""
     opener = _index_opener(repo)
     _read_page(opener, repo.simple_url)  # the index answers, and its simple root is where we think
-    listed: dict[str, str | None] = {}
+    listed: dict[str, _Listed] = {}
     for project in projects:
-        page = _read_page(opener, f"{repo.simple_url}{project}/", missing_ok=True)
+        page_url = f"{repo.simple_url}{project}/"
+        page = _read_page(opener, page_url, missing_ok=True)
         if page is not None:
-            listed.update(_file_links(page))
+            listed.update(_file_links(page, page_url))
     return listed
+
+
+def _publish_records(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """Put each wheel's provenance record at ``<wheel URL>.provenance.json``; (on the index now, refused).
+
+    Run after the upload, so every wheel is listed. A record the index already holds is left
+    alone; one the index holds differently (the same bytes built from other inputs) is kept there,
+    as a wheel is never replaced. An index that takes no records at all (404, 405 or 501 to the
+    PUT: not started by ``rocwheels serve``) gets none, with a warning saying what that costs.
+    """
+    with_records = [w for w in wheels if record_path(w.path).is_file()]
+    if not with_records:
+        return (), ()
+    listed = _listed_files(repo, sorted({w.project for w in with_records}))
+    opener = _index_opener(repo)
+    on_index: list[Path] = []
+    for number, wheel in enumerate(with_records):
+        record = record_path(wheel.path)
+        data = record.read_bytes()
+        if wheel.path.name in listed:
+            url = listed[wheel.path.name].url + SUFFIX
+            there = _read(opener, url, missing_ok=True)
+            if there is not None:
+                if there != data:
+                    _warn_other_record(record.name, there, wheel.sha256, url)
+                on_index.append(record)
+                continue
+            refusal = _put_record(opener, url, data)
+        else:
+            refusal = f"its simple page {repo.simple_url}{wheel.project}/ does not list {wheel.path.name} after the upload"
+        if refusal:
+            refused = tuple(record_path(w.path) for w in with_records[number:])
+            log.warning(
+                "%s takes no provenance records (%s): %d wheel(s) published without them. Teammates cannot fetch what "
+                "made these wheels, and CI reuse from this index (rocwheels ci / make wheels --from-index, "
+                "ROCWHEELS_REUSE_INDEX) builds them again instead of taking them. Serve the index with rocwheels serve "
+                "and publish again to add them.", repo.upload_url, refusal, len(refused))
+            return tuple(on_index), refused
+        log.info("%s: published beside its wheel", record.name)
+        on_index.append(record)
+    return tuple(on_index), ()
+
+
+def _warn_other_record(name: str, there: bytes, sha256: str, url: str) -> None:
+    """The index holds another record for a wheel: say whether it still describes the wheel's bytes."""
+    try:
+        named = Provenance.parse(there).sha256
+    except (ValueError, TypeError):
+        named = None
+    if named == sha256:
+        log.warning("%s: the index keeps the record it already has for these very bytes (built from other inputs); "
+                    "CI reuse compares against that one", name)
+    else:
+        log.warning("%s on the index does not describe the wheel there (%s): CI reuse will refuse this wheel. Remove "
+                    "the record from the index's packages folder and publish again", name, url)
+
+
+def _put_record(opener: OpenerDirector, url: str, data: bytes) -> str | None:
+    """PUT one record; None when stored, the index's answer when it takes no records at all."""
+    request = Request(url, data=data, method="PUT", headers={"Content-Type": "application/json"})
+    try:
+        with opener.open(request, timeout=_HTTP_TIMEOUT):
+            return None
+    except HTTPError as exc:
+        reason = exc.read().decode("utf-8", "replace").strip() or exc.reason
+        if exc.code in (404, 405, 501):
+            return f"PUT {url} answered HTTP {exc.code} {exc.reason}"
+        if exc.code >= 500:
+            raise _TransientError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
+        if exc.code in (401, 403):
+            raise RocwheelsError(f"the package index refused the login for provenance records at {url} (HTTP {exc.code})",
+                                 fix="set TWINE_USERNAME and TWINE_PASSWORD (or username/password in .pypirc): "
+                                     "rocwheels sends the records with the upload login, which it cannot read from "
+                                     "keyring") from None
+        raise RocwheelsError(f"the package index refused the provenance record {url}: {reason}",
+                             fix="the record must describe the very bytes of the wheel on the index: rebuild the wheel "
+                                 "(rocwheels wheels ... --force), verify it and publish it under a new version") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _unreachable(url, exc) from None
 
 
 def _index_opener(repo: Repository) -> OpenerDirector:
@@ -185,14 +280,20 @@ def _index_opener(repo: Repository) -> OpenerDirector:
     if not (repo.username and repo.password):
         return build_opener()
     passwords = HTTPPasswordMgrWithDefaultRealm()
-    passwords.add_password(None, repo.simple_url, repo.username, repo.password)
+    # The pages under the simple URL; the files they link and their records under the upload URL (pypiserver).
+    passwords.add_password(None, [repo.simple_url, repo.upload_url], repo.username, repo.password)
     return build_opener(HTTPBasicAuthHandler(passwords))
 
 
 def _read_page(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> str | None:
+    data = _read(opener, url, missing_ok=missing_ok)
+    return None if data is None else data.decode("utf-8", "replace")
+
+
+def _read(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> bytes | None:
     try:
         with opener.open(url, timeout=_HTTP_TIMEOUT) as response:
-            return response.read().decode("utf-8", "replace")
+            return response.read()
     except HTTPError as exc:
         if exc.code == 404 and missing_ok:
             return None
@@ -204,18 +305,24 @@ def _read_page(opener: OpenerDirector, url: str, *, missing_ok: bool = False) ->
                                      "rocwheels reads the index with the upload login") from None
         raise RocwheelsError(f"{url} answered HTTP {exc.code} {exc.reason}: not a PEP 503 simple index",
                              fix="pass the index's simple URL (--simple-url), e.g. http://host:port/simple/") from None
-    except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError: refused, reset, timeout, DNS
-        reason = exc.reason if isinstance(exc, URLError) else exc
-        raise _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}") from None
+    except (OSError, http.client.HTTPException) as exc:
+        raise _unreachable(url, exc) from None
 
 
-def _file_links(page: str) -> dict[str, str | None]:
-    """File name -> sha256 from a PEP 503 project page (anchors end in ``#sha256=<hex>``)."""
-    files: dict[str, str | None] = {}
+def _unreachable(url: str, exc: OSError | http.client.HTTPException) -> _TransientError:
+    """A connection that failed (URLError is an OSError: refused, reset, timeout, DNS), worth another try."""
+    reason = exc.reason if isinstance(exc, URLError) else exc
+    return _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}")
+
+
+def _file_links(page: str, page_url: str) -> dict[str, _Listed]:
+    """File name -> link and sha256 from a PEP 503 project page (anchors end in ``#sha256=<hex>``)."""
+    files: dict[str, _Listed] = {}
     for href in page_links(page):
         link = urlsplit(href)
         algorithm, _, digest = link.fragment.partition("=")
-        files[unquote(link.path.rsplit("/", 1)[-1])] = digest.lower() if algorithm == "sha256" and digest else None
+        files[unquote(link.path.rsplit("/", 1)[-1])] = _Listed(
+            urljoin(page_url, href.split("#", 1)[0]), digest.lower() if algorithm == "sha256" and digest else None)
     return files
 
 

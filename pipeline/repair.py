@@ -30,26 +30,19 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from importlib.metadata import version
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
-from . import cmd, rocwheels_version
-from .elf import ELF_MAGIC, ElfError, ElfInfo, is_elf, read_elf
+# pipeline.elf (pyelftools), pipeline.wheelfile and pipeline.cmd are imported where they are
+# used: a repair that only copies a wheel it wrote before is over before those imports would be.
 from .errors import RocwheelsError
 from .layout import cache_dir
 from .log import LOGGER
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
-from .wheelfile import (
-    check_wheel,
-    extract,
-    open_wheel,
-    replace_platform_tag,
-    rewrite_wheel,
-)
 from .zipwrite import Added, copy_file, extract_members, record_rows, write_stored
 
 if TYPE_CHECKING:
+    from .elf import ElfInfo
     from .lock import Line
     from .plan import Step
     from .recipes import Recipe
@@ -179,21 +172,25 @@ def repair_wheel(
     ``threads`` deflate them (default: every core this process may use).
     """
     log = logger or logging.getLogger(LOGGER)
+    started = time.monotonic()
+    marker = _repaired_marker(raw_wheel.name, settings)
+    if marker.exists():
+        # Only the very bytes this repair wrote (sha256, hashed while copying) skip the checks.
+        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, sha256=marker.read_text(encoding="ascii").strip())
+        if final:
+            _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
+            log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
+            return final
+    # Here, not at the top: importing auditwheel's analysis, the wheel checks and the recipe models
+    # costs more than copying a wheel repaired before.
+    from . import audit
+    from .requirements import pin_requirements
+    from .wheelfile import check_wheel, open_wheel, replace_platform_tag, rewrite_wheel
+
     policy = settings.policy()
     # RECORD hashes are checked below, while the ELF files are unpacked (and the other members
     # inflated, in parallel, to nothing): a member changed after the build stops the repair.
     raw = check_wheel(raw_wheel, verify_hashes=False)
-    started = time.monotonic()
-    known = _repaired_marker(raw_wheel, settings)
-    if known.exists():
-        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name)
-        _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
-        log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
-        return final
-    # Here, not at the top: importing auditwheel's analysis (and the recipe models) costs more
-    # than copying a wheel repaired before.
-    from . import audit
-    from .requirements import pin_requirements
 
     # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
     # The analysis process ends before its folder goes.
@@ -262,9 +259,10 @@ def repair_wheel(
             else:
                 final = copy_file(source, dest)  # nothing (more) to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
-    marker = _repaired_marker(final, settings)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
+    done = _repaired_marker(final.name, settings)
+    done.parent.mkdir(parents=True, exist_ok=True)
+    with final.open("rb") as written:
+        done.write_text(hashlib.file_digest(written, "sha256").hexdigest(), encoding="ascii")
     log.info(
         "repaired %s -> %s in %.1f s (unpacked in %.1f s; then RPATHs of %d files set and deflated %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
@@ -289,24 +287,37 @@ def _patch_ahead(
                                   compression_level=compression_level, threads=threads)
 
 
-def _repaired_marker(wheel: Path, settings: RepairSettings) -> Path:
-    """Where the cache notes that ``wheel`` is a fixed point of repair with ``settings``.
+def _repaired_marker(wheel_name: str, settings: RepairSettings) -> Path:
+    """Where the cache keeps the sha256 of the wheel ``wheel_name`` that repair with ``settings`` wrote.
 
-    Keyed by everything auditwheel's verdict and the RPATH rules read: every member's name,
-    CRC-32 and size and the RECORD (with its sha256 rows), the settings, rocwheels' and
-    auditwheel's versions, and where this machine's loader finds libraries.
+    Repairing exactly that file again changes nothing. Keyed by what decides the result besides the
+    file: the settings, the repair rules and auditwheel's version, and where this machine's loader
+    finds libraries.
     """
-    digest = hashlib.sha256()
     loader_cache = Path("/etc/ld.so.cache")
     stamp = (loader_cache.stat().st_mtime_ns, loader_cache.stat().st_size) if loader_cache.exists() else None
-    auditwheel = version("auditwheel")
-    digest.update(repr((wheel.name, settings, rocwheels_version(), auditwheel, os.environ.get("LD_LIBRARY_PATH"), stamp)).encode())
-    with open_wheel(wheel) as archive:
-        for info in archive.infolist():
-            digest.update(f"{info.filename}\0{info.CRC}\0{info.file_size}\n".encode())
-            if info.filename.endswith(".dist-info/RECORD"):
-                digest.update(archive.read(info))
-    return cache_dir() / "repaired" / digest.hexdigest()
+    key = repr((wheel_name, settings, _rules_identity(), os.environ.get("LD_LIBRARY_PATH"), stamp))
+    return cache_dir() / "repaired" / hashlib.sha256(key.encode()).hexdigest()
+
+
+def _rules_identity() -> tuple[str, str]:
+    """The repair rules (this module, the auditwheel adapter, the ROCm library list) and auditwheel's version.
+
+    From the files: an editable install keeps its version number across changes of the rules, and
+    importlib.metadata takes longer to import than a wheel takes to copy.
+    """
+    import auditwheel
+
+    here = Path(__file__).parent
+    rules = hashlib.sha256()
+    for name in ("repair.py", "audit.py", "rocm_policy.py", "data/rocm-libraries.toml"):
+        rules.update((here / name).read_bytes())
+    installed = sorted(Path(auditwheel.__file__).parent.parent.glob("auditwheel-*.dist-info"))
+    if installed:
+        return rules.hexdigest(), installed[-1].name
+    from importlib.metadata import version
+
+    return rules.hexdigest(), version("auditwheel")
 
 
 def _note(log_file: Path | None, line: str) -> None:
@@ -323,6 +334,8 @@ def _taken_from(
 
     The dist-info's WHEEL and RECORD are rocwheels' to write; its new files (an SBOM) are taken.
     """
+    from .wheelfile import extract, open_wheel
+
     with open_wheel(skeleton) as before, open_wheel(grafted) as after:
         old = {info.filename: info.CRC for info in before.infolist()}
         new = {info.filename: info for info in after.infolist() if not info.is_dir()}
@@ -361,6 +374,8 @@ def _relink(
     log_file: Path | None, log: logging.Logger | logging.LoggerAdapter, threads: int | None,
 ) -> dict[str, Path]:
     """Set the RPATH every ELF file of ``tree`` (member -> extracted file) should have; return the changed files."""
+    from . import cmd
+
     patchelf = _patchelf()
     changes: dict[str, tuple[Path, list[str]]] = {}
     for name, path, info in _elf_infos(wheel, tree):
@@ -418,6 +433,7 @@ def _installed_folder(wheel: Path, name: str) -> PurePosixPath:
 
 def _elf_infos(wheel: Path, tree: dict[str, Path]) -> Iterator[tuple[str, Path, ElfInfo]]:
     """The dynamic sections of the extracted ELF files ``tree`` (member -> file)."""
+    from .elf import ElfError, read_elf
     for name, path in tree.items():
         try:
             info = read_elf(path, with_fatbin=False)  # repair never looks at GPU code
@@ -427,10 +443,14 @@ def _elf_infos(wheel: Path, tree: dict[str, Path]) -> Iterator[tuple[str, Path, 
 
 
 def _is_elf_file(content: bytes | Path) -> bool:
+    from .elf import is_elf
+
     return isinstance(content, Path) and is_elf(content)
 
 
 def _starts_with_elf(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
+    from .elf import ELF_MAGIC
+
     if info.file_size < len(ELF_MAGIC):
         return False
     with archive.open(info) as data:

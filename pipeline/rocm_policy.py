@@ -13,10 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from functools import cache
-from importlib import resources
 from pathlib import PurePosixPath
 
-import tomllib
 
 from .errors import RocwheelsError
 
@@ -88,6 +86,10 @@ def load_policy(extra_excludes: Iterable[str] = ()) -> RocmPolicy:
 @cache
 def rocm_patterns() -> tuple[str, ...]:
     """All patterns of ``data/rocm-libraries.toml``, in file order, without duplicates."""
+    # Imported here: a repair that only copies a wheel it wrote before never reads the list.
+    import tomllib
+    from importlib import resources
+
     text = resources.files("pipeline").joinpath("data/rocm-libraries.toml").read_text(encoding="utf-8")
     groups: dict[str, list[str]] = tomllib.loads(text)["libraries"]
     return tuple(dict.fromkeys(pattern for patterns in groups.values() for pattern in patterns))

@@ -1,5 +1,8 @@
 """A private index for the team: a real pypiserver over a packages folder, uploads behind htpasswd.
 
+Each wheel's provenance record is served and accepted beside it (pipeline/pypiserver_records.py),
+as on the static index: ``<wheel URL>.provenance.json``.
+
 pypiserver runs for as long as the index is wanted, so it is started with ``subprocess.Popen``
 rather than :func:`pipeline.cmd.run` (which waits for its command to end); the command is still
 logged as ``+ command`` first.
@@ -119,7 +122,8 @@ def running_pypiserver(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1
     port = _bindable_port(host, probe_host, port)
     packages.mkdir(parents=True, exist_ok=True)
     url = f"http://{_url_host(probe_host)}:{port}/"
-    argv = [sys.executable, "-m", "pypiserver", "run", "--host", host, "--port", str(port),
+    # pypiserver's own command line, with provenance records served and accepted beside the wheels.
+    argv = [sys.executable, "-m", "pipeline.pypiserver_records", "run", "--host", host, "--port", str(port),
             "--passwords", str(htpasswd), "--authenticate", "update", "--disable-fallback",
             "--hash-algo", "sha256", str(packages)]
     log.info("+ %s", shlex.join(argv))

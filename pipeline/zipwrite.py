@@ -408,17 +408,32 @@ def _umask() -> int:
     return current
 
 
-def copy_file(source: Path, dest: Path) -> Path:
-    """``source`` to ``dest`` atomically, for a wheel that needs no change."""
+def copy_file(source: Path, dest: Path, *, sha256: str | None = None) -> Path | None:
+    """``source`` to ``dest`` atomically, for a wheel that needs no change.
+
+    With ``sha256``, only if the bytes copied have that digest; else nothing is written (None).
+    """
     dest.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
     os.close(handle)
     temp = Path(temp_name)
     try:
-        shutil.copyfile(source, temp)
+        if sha256 is None:
+            shutil.copyfile(source, temp)
+        elif _copy_hashed(source, temp) != sha256:
+            temp.unlink()
+            return None
         temp.chmod(0o666 & ~_umask())
         os.replace(temp, dest)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
     return dest
+
+
+def _copy_hashed(source: Path, dest: Path) -> str:
+    """Copy ``source`` to ``dest``; the sha256 of ``source``, read while the kernel copies it."""
+    with ThreadPoolExecutor(1) as hasher, source.open("rb") as reader:
+        digest = hasher.submit(hashlib.file_digest, reader, "sha256")  # lets go of the GIL while hashing
+        shutil.copyfile(source, dest)
+        return digest.result().hexdigest()

@@ -1,9 +1,16 @@
-"""The loader's search order as analyze models it (the real loader checks it in test_loader.py)."""
+"""The loader's search order as analyze models it (the real loader checks it in test_loader.py), and
+the wheel checks that go with an analysis."""
 
 from __future__ import annotations
 
-from pipeline.analyze import GLIBC_LOADER, MUSL_LOADER, Libc, libc_of, system_libraries
-from pipeline.elf import ElfInfo
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.analyze import GLIBC_LOADER, MUSL_LOADER, Libc, analyze_wheel, libc_of, system_libraries
+from pipeline.elf import ELF_MAGIC, ElfError, ElfInfo
+from pipeline.errors import RocwheelsError
 
 
 def elf(*, rpath: tuple[str, ...] = (), runpath: tuple[str, ...] = (), needed: tuple[str, ...] = ()) -> ElfInfo:
@@ -34,3 +41,23 @@ def test_musl_is_recognised_and_its_libc_is_a_system_library():
     assert libc_of([elf(needed=("libc.so.6",))]) is Libc.GLIBC
     assert {"libc.musl-x86_64.so.1", "libc.so"} <= system_libraries(Libc.MUSL)
     assert {"libc.so.6", "libm.so.6"} <= system_libraries(Libc.GLIBC)
+
+
+# --- the wheel's RECORD is checked beside the analysis ------------------------------------------
+
+
+def _replace_member(wheel: Path, dest: Path, member: str, data: bytes) -> Path:
+    dest.mkdir()
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(dest / wheel.name, "w") as out:
+        for info in source.infolist():
+            out.writestr(info, data if info.filename == member else source.read(info))
+    return dest / wheel.name
+
+
+def test_a_member_changed_after_the_build_is_reported_before_the_damage_it_does(platform_wheel, tmp_path):
+    wheel = platform_wheel(tmp_path, "alpha", {"alpha/_x.so": ELF_MAGIC + bytes(60)})
+    with pytest.raises(ElfError, match="not a readable ELF file"):  # damaged as built: the ELF error
+        analyze_wheel(wheel)
+    tampered = _replace_member(wheel, tmp_path / "tampered", "alpha/_x.so", ELF_MAGIC + b"\xff" * 60)
+    with pytest.raises(RocwheelsError, match="alpha/_x.so does not match its RECORD hash"):
+        analyze_wheel(tampered)

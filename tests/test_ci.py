@@ -11,6 +11,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from pipeline.layout import Layout
 from pipeline.lock import load_lock
 from pipeline.plan import plan_document, select_plan
 from pipeline.provenance import Provenance, record_path
+from pipeline.publish import publish
 from pipeline.recipes import load_recipes
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 
@@ -192,6 +195,7 @@ def test_the_github_workflow_builds_and_publishes_the_canary(tmp_path: Path, ind
     assert len(wheels) == 1 and (artifact / "logs" / "rocm-canary.log").is_file()
     assert record_path(artifact / wheels[0]).is_file()
     assert wheels[0] in published(packages)
+    assert record_path(packages / wheels[0]).read_bytes() == record_path(artifact / wheels[0]).read_bytes()
 
 
 @pytest.mark.hipcc
@@ -207,30 +211,69 @@ def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, ind
     assert runner.ran == ["matrix", f"rocm-canary py{python}", "publish"]
     wheels = sorted(p.name for p in (tmp_path / "artifacts" / f"rocm-canary py{python}" / "wheelhouse").glob("*.whl"))
     assert len(wheels) == 1 and wheels[0] in published(packages)
+    assert record_path(packages / wheels[0]).is_file()  # the publish job put the provenance beside the wheel
 
 
 # --- exact builds taken from an index ---
 
 
+def canary_build(host_line, canary_targets) -> list[str]:
+    return ["wheels", "--arch", canary_targets[0], "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
+
+
+def run_cli(layout: Layout, *args: str) -> None:
+    result = CliRunner().invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(layout.wheelhouse),
+                                      "--work-dir", str(layout.work_dir), *args])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.fixture(scope="module")
+def first_runner(tmp_path_factory: pytest.TempPathFactory, host_line, canary_targets) -> Layout:
+    """A first runner's wheelhouse with the canary built, shared by every kind of index."""
+    root = tmp_path_factory.mktemp("first")
+    first = Layout(RECIPES, root / "wheelhouse", root / "build")
+    run_cli(first, *canary_build(host_line, canary_targets))
+    return first
+
+
+@contextmanager
+def serving(kind: str, wheelhouse: Path, root: Path, line_label: str, static_server,
+            monkeypatch) -> Iterator[tuple[str, Path]]:
+    """``wheelhouse``'s wheels on an index of ``kind``, as the team would have it; yields its simple
+    URL and the folder the server reads the files from."""
+    if kind == "static":
+        site = root / "site"  # a copy: the test may change what the server holds
+        site.mkdir()
+        for path in wheelhouse.glob("*.whl*"):
+            shutil.copy2(path, site)
+        build_static_index(site)
+        with static_server(site) as url:
+            yield f"{url}simple/{line_label}/", site
+        return
+    add_htpasswd_user(root / "htpasswd", USER, PASSWORD)
+    with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
+        monkeypatch.setenv("TWINE_USERNAME", USER)
+        monkeypatch.setenv("TWINE_PASSWORD", PASSWORD)
+        published = publish(wheelhouse, server.url)
+        assert published.records and not published.records_refused
+        yield server.simple_url, root / "packages"
+
+
 @pytest.mark.hipcc
 @pytest.mark.network
-def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, host_line, canary_targets, static_server) -> None:
-    """A first runner builds and serves its wheelhouse as a static index; a second one, with an
+@pytest.mark.parametrize("kind", ["static", "pypiserver"])
+def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, kind: str, first_runner: Layout, host_line,
+                                                       canary_targets, static_server, monkeypatch) -> None:
+    """A first runner builds and puts its wheelhouse on the team's index (the static one of
+    `index build`, or pypiserver through `rocwheels serve` and `publish`); a second one, with an
     empty wheelhouse, takes the canary from there (fingerprint and sha256 checked) and builds
-    nothing; for other GPU targets (another fingerprint) nothing is taken."""
-    first = Layout(RECIPES, tmp_path / "first", tmp_path / "b1")
-    build = ["wheels", "--arch", canary_targets[0], "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
-    runner = CliRunner()
-    result = runner.invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(first.wheelhouse), "--work-dir", str(first.work_dir), *build])
-    assert result.exit_code == 0, result.output
-    build_static_index(first.wheelhouse)
-    (wheel,) = first.wheelhouse.glob("*.whl")
-    with static_server(first.wheelhouse) as url:
-        index_url = f"{url}simple/{host_line[1].local_version}/"
+    nothing; for other GPU targets (another fingerprint) nothing is taken; a wheel changed on the
+    index after it was published is refused."""
+    (wheel,) = first_runner.wheelhouse.glob("*.whl")
+    with serving(kind, first_runner.wheelhouse, tmp_path, host_line[1].local_version, static_server,
+                 monkeypatch) as (index_url, served):
         second = Layout(RECIPES, tmp_path / "second", tmp_path / "b2")
-        result = runner.invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(second.wheelhouse), "--work-dir", str(second.work_dir),
-                                     *build, "--from-index", index_url])
-        assert result.exit_code == 0, result.output
+        run_cli(second, *canary_build(host_line, canary_targets), "--from-index", index_url)
         assert (second.wheelhouse / wheel.name).read_bytes() == wheel.read_bytes()
         assert Provenance.read(record_path(second.wheelhouse / wheel.name)) == Provenance.read(record_path(wheel))
         assert not second.recipe_work("rocm-canary").exists()  # nothing was built
@@ -240,6 +283,15 @@ def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, host_line
         plan = select_plan(third, "rocm-canary", other_targets, host_line[0], "local")
         assert fetch_from_index(plan, third, index_url) == {"rocm-canary": 0}
         assert not third.wheelhouse.exists() or not list(third.wheelhouse.iterdir())
+
+        (served / wheel.name).write_bytes(wheel.read_bytes() + b"\0")  # changed on the server's disk
+        fourth = Layout(RECIPES, tmp_path / "fourth", tmp_path / "b4")
+        refused = CliRunner().invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(fourth.wheelhouse),
+                                           "--work-dir", str(fourth.work_dir), *canary_build(host_line, canary_targets),
+                                           "--from-index", index_url])
+        assert isinstance(refused.exception, RocwheelsError), refused.output
+        assert "differs from its provenance record's" in str(refused.exception)
+        assert not list(fourth.wheelhouse.glob("*.whl*")) and not list(fourth.wheelhouse.glob(".fetch-*"))
 
 
 def test_one_python_of_the_line_per_job() -> None:

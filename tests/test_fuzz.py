@@ -7,9 +7,12 @@ time stays bounded; a busy CI machine makes no flaky failure) and without a data
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
+import zlib
 
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,8 +84,27 @@ def test_wheel_checker(tmp_path_factory: pytest.TempPathFactory, data: bytes) ->
 
 
 _MAGIC = b"__CLANG_OFFLOAD_BUNDLE__"
+_ID = b"hipv4-amdgcn-amd-amdhsa--gfx942"
+_PLAIN = _MAGIC + struct.pack("<QQQQ", 1, 56 + len(_ID), 64, len(_ID)) + _ID + bytes(range(64))
+
+
+def _compressed(version: int, method: int) -> bytes:
+    """A valid CCOB bundle around _PLAIN ('CCOB', version, method, [total,] size, hash, stream)."""
+    stream = zlib.compress(_PLAIN) if method == 0 else zstandard.ZstdCompressor().compress(_PLAIN)
+    if version == 1:
+        return struct.pack("<4sHHIQ", b"CCOB", 1, method, len(_PLAIN), 0) + stream
+    return struct.pack("<4sHHQQQ", b"CCOB", 3, method, 32 + len(stream), len(_PLAIN), 0) + stream
+
+
+_COMPRESSED = [_compressed(version, method) for version in (1, 3) for method in (0, 1)]
+# Valid compressed bundles with one byte changed or cut short, and v1 zstd headers before a zstd
+# magic and noise (whose end is found by walking the frame's blocks).
+_DAMAGED = st.tuples(st.sampled_from(_COMPRESSED), st.integers(0, 200), st.integers(0, 255), st.booleans()).map(
+    lambda c: c[0][:c[1] % len(c[0])] if c[3] else c[0][:c[1] % len(c[0])] + bytes([c[2]]) + c[0][c[1] % len(c[0]) + 1:])
+_ZSTD_NOISE = st.binary(max_size=200).map(
+    lambda b: struct.pack("<4sHHIQ", b"CCOB", 1, 1, len(_PLAIN), 0) + b"\x28\xb5\x2f\xfd" + b)
 FATBIN = st.one_of(st.binary(max_size=200), st.binary(max_size=200).map(lambda b: _MAGIC + b),
-                   st.binary(max_size=200).map(lambda b: b"CCOB" + b))
+                   st.binary(max_size=200).map(lambda b: b"CCOB" + b), _DAMAGED, _ZSTD_NOISE)
 
 
 @BOUNDED

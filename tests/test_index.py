@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+from urllib.parse import quote
+from urllib.request import urlopen
 
 import pytest
+from click.testing import CliRunner
 
+from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
 from pipeline.index import (
     build_static_index,
@@ -14,6 +18,7 @@ from pipeline.index import (
     write_constraints,
     write_requirements,
 )
+from pipeline.provenance import check_record, record_path, write_record
 
 CANARY = "rocm-canary"
 
@@ -161,15 +166,28 @@ def test_a_package_with_its_own_label_joins_its_line(tmp_path, make_wheel):
 @pytest.mark.network
 def test_a_file_changed_on_the_static_index_fails_the_hash_checked_install(tmp_path, make_wheel, static_server,
                                                                           fresh_venv, pip_install):
-    """The index serves exactly the verified bytes: a file swapped on the server after `index build` is refused."""
+    """The index serves exactly the verified bytes: a file swapped on the server after `index build`
+    is refused by the hashes of requirements-<line>.txt, and its provenance record, served beside
+    it, no longer matches it."""
     wheelhouse = tmp_path / "wheelhouse"
-    make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
+    wheel = make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
+    write_record(wheel, "f" * 64, {"recipe": CANARY}, {"driver": "local"})
     build_static_index(wheelhouse)
     (requirements,) = write_requirements(wheelhouse)
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9", build="tampered")  # same name, other bytes
 
-    with static_server(wheelhouse) as url, pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
-        pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "--require-hashes", "--no-deps", "-r", requirements)
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    with static_server(wheelhouse) as url:
+        with pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
+            pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "--require-hashes", "--no-deps", "-r", requirements)
+        for name in (wheel.name, record_path(wheel).name):
+            with urlopen(url + quote(name), timeout=10) as served:
+                (downloads / name).write_bytes(served.read())
+    ok, message = check_record(downloads / wheel.name)
+    assert not ok and "differs from the provenance record's" in message
+    verified = CliRunner().invoke(cli, ["verify", "--no-smoke", str(downloads / wheel.name)])
+    assert verified.exit_code == 1 and "differs from the provenance record's" in verified.output
 
 
 @pytest.mark.network

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import _platform_wheel, _write_wheel
 from hip_wheels import EXT, Built
+from test_failures import _project
 
 from pipeline.cmd import run
 from pipeline.interrupts import PRIVATE_PREFIX
@@ -187,24 +188,45 @@ def test_index_build_interrupted_then_rebuilt(tmp_path: Path, stop: signal.Signa
     assert leftovers(tmp_path) == []
 
 
+SMOKE_POINTS = ["venv", "install"]
+
+
 @SIGNALS
-def test_verify_interrupted_during_smoke_test(tmp_path: Path, stop: signal.Signals) -> None:
-    """A signal while verify reads a wheel: its scratch folders go with the private TMPDIR."""
-    wheel = _write_wheel(tmp_path / "wheelhouse", "alpha", "1.0")
-    process = start(["--work-dir", str(tmp_path / "tmp"), "verify", str(wheel)], tmp_path)
-
-    def venv_started() -> bool:
-        return any(p.name.startswith(PRIVATE_PREFIX) for p in (tmp_path / "tmp").iterdir()) and \
-            any((tmp_path / "tmp").glob("rocwheels-smoke-*"))
-
-    wait_for(lambda: process.poll() is not None or any((tmp_path / "tmp").iterdir()), "rocwheels starts")
-    if process.poll() is None:
+@pytest.mark.parametrize("point", SMOKE_POINTS)
+def test_verify_interrupted_in_the_smoke_test_then_verified(tmp_path: Path, stop: signal.Signals, point: str) -> None:
+    """A signal while verify's smoke test makes its venv (in the work folder) or while pip installs
+    into it: the venv and the private TMPDIR go, the wheelhouse keeps only the wheel, and the same
+    verify then passes. pip is held at the install by an index that never finishes answering for
+    the wheel's dependency."""
+    project = _project(tmp_path)
+    wheel = _write_wheel(project.wheelhouse, "alpha", "1.0+rocm9.9", requires=("beta",))
+    links = tmp_path / "links"
+    _write_wheel(links, "beta", "1.0+rocm9.9")
+    verify = ["--recipes-dir", "recipes", "--wheelhouse", "wheelhouse", "--work-dir", "build", "verify", str(wheel)]
+    # Only this test's indexes: not the machine's pip configuration.
+    pip_env = {"PIP_CONFIG_FILE": os.devnull}
+    with stalling_server() as (url, pip_asked):
+        process = start(verify, tmp_path, {**pip_env, "PIP_INDEX_URL": url + "file/"})
+        if point == "venv":
+            # pyvenv.cfg is written first; ensurepip then takes seconds
+            wait_for(lambda: process.poll() is not None or any(project.work.glob("rocwheels-smoke-*/venv/pyvenv.cfg")),
+                     "the smoke test's venv is being made")
+            assert not pip_asked.is_set()
+        else:
+            wait_for(lambda: process.poll() is not None or pip_asked.is_set(), "pip asks the index for beta")
+        assert process.poll() is None, process.communicate()
         status, err = stop_and_wait(process, stop)
-        assert status in (0, 1, 128 + stop, -stop), err
-    else:
-        process.communicate()
-    assert not venv_started()
+    assert status == 128 + stop, err
+    assert "Traceback" not in err and "interrupted by signal" in err
     assert leftovers(tmp_path) == []
+    assert list(project.work.iterdir()) == []  # no venv left in the work folder
+    assert sorted(p.name for p in project.wheelhouse.iterdir() if p.is_file()) == [wheel.name]
+
+    again = start(verify, tmp_path, {**pip_env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links)})
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, out + err
+    assert "alpha imported" in out
+    assert leftovers(tmp_path) == [] and list(project.work.iterdir()) == []
 
 
 def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:

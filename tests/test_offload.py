@@ -4,8 +4,11 @@ version assembled here around a real plain bundle (older clangs cannot compress)
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import struct
+import sys
 import zlib
 from pathlib import Path
 
@@ -20,6 +23,8 @@ from pipeline.engine import Engine
 from pipeline.errors import RocwheelsError
 from pipeline.lock import load_lock
 from pipeline.offload import (
+    HEADER_LIMIT,
+    PLAIN_MAGIC,
     Bundle,
     BundleEntry,
     OffloadBundleError,
@@ -36,11 +41,19 @@ __global__ void twice(float* x) { x[threadIdx.x] *= 2.0f; }
 """
 
 
-def ccob(plain: bytes, version: int, method: str) -> bytes:
+def ccob(plain: bytes, version: int, method: str, *, zstd_window_log: int | None = None) -> bytes:
     """A compressed bundle laid out as clang writes it: 'CCOB', u16 version, u16 method,
-    [v2: u32 total size | v3: u64 total size], uncompressed size (u32, v3: u64), u64 hash."""
+    [v2: u32 total size | v3: u64 total size], uncompressed size (u32, v3: u64), u64 hash.
+    ``zstd_window_log``: a larger window than zstd picks itself (a frame of one segment, as large
+    as its content, when the content fits)."""
     method_id = {"zlib": 0, "zstd": 1}[method]
-    stream = zlib.compress(plain) if method == "zlib" else zstandard.ZstdCompressor().compress(plain)
+    if method == "zlib":
+        stream = zlib.compress(plain)
+    elif zstd_window_log:
+        params = zstandard.ZstdCompressionParameters.from_level(3, window_log=zstd_window_log)
+        stream = zstandard.ZstdCompressor(compression_params=params).compress(plain)
+    else:
+        stream = zstandard.ZstdCompressor().compress(plain)
     digest = 0x0123456789ABCDEF  # the parser does not check the hash
     if version == 1:
         return struct.pack("<4sHHIQ", b"CCOB", 1, method_id, len(plain), digest) + stream
@@ -51,6 +64,16 @@ def ccob(plain: bytes, version: int, method: str) -> bytes:
 
 def padded(data: bytes, align: int = 4096) -> bytes:
     return data + bytes(-len(data) % align)
+
+
+def plain_bundle(entries: list[tuple[str, bytes]]) -> bytes:
+    """A plain bundle: magic, entry count, (offset, size, id length, id) per entry, the code objects."""
+    offset = len(PLAIN_MAGIC) + 8 + sum(24 + len(triple) for triple, _ in entries)
+    table = []
+    for triple, code in entries:
+        table.append(struct.pack("<QQQ", offset, len(code), len(triple)) + triple.encode())
+        offset += len(code)
+    return PLAIN_MAGIC + struct.pack("<Q", len(entries)) + b"".join(table) + b"".join(code for _, code in entries)
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +253,70 @@ def test_garbled_compressed_bundle(plain, damage):
         parse_fatbin(padded(plain) + garble(plain))
     assert "compressed offload bundle at 0x" in str(caught.value)
     assert isinstance(caught.value, RocwheelsError)
+
+
+# --- large bundles: only the entry table is inflated --------------------------------------------
+
+
+def test_an_entry_table_longer_than_the_first_read_is_read_whole():
+    entries = [(f"hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-:{index}", bytes([index % 256]) * 100) for index in range(1000)]
+    plain = plain_bundle(entries)
+    expected = parse_fatbin(plain)[0].entries
+    assert len(expected) == 1000 and expected[-1].triple_id.endswith(":999")
+    for version, method in ((1, "zstd"), (3, "zstd"), (1, "zlib"), (2, "zlib")):
+        (bundle,) = parse_fatbin(ccob(plain, version, method))
+        assert bundle.entries == expected
+
+
+@pytest.mark.parametrize("method", ["zlib", "zstd"])
+def test_an_entry_table_that_never_ends_is_refused(method):
+    # A count of 2**40 entries over 8 MiB of zero entries: the table outgrows HEADER_LIMIT.
+    plain = PLAIN_MAGIC + struct.pack("<Q", 2**40) + bytes(2 * HEADER_LIMIT)
+    with pytest.raises(OffloadBundleError, match="does not end within its first"):
+        parse_fatbin(ccob(plain, 3, method))
+
+
+LARGE_CODE_OBJECT = 64 << 20
+# In a child process: the peak RSS growth while parsing the section in argv[1], then, for zstd,
+# while inflating its whole stream (from byte argv[2] on) as a streaming reader would, dropping
+# the output.
+_MEASURE = """
+import json, re, sys, zstandard
+from pipeline.offload import parse_fatbin
+def peak():  # VmHWM, not ru_maxrss: that one starts from the parent's peak (Linux keeps it across exec)
+    with open("/proc/self/status") as status:
+        return int(re.search(r"^VmHWM:\\s+(\\d+) kB", status.read(), re.M).group(1)) << 10
+with open(sys.argv[1], "rb") as stream:
+    data = stream.read()
+start = peak()
+(bundle,) = parse_fatbin(data)
+parsed = peak()
+if bundle.compression == "zstd":
+    with zstandard.ZstdDecompressor().stream_reader(memoryview(data)[int(sys.argv[2]):bundle.size]) as reader:
+        while reader.read(1 << 20):
+            pass
+print(json.dumps({"parse": parsed - start, "inflate": peak() - parsed,
+                  "targets": [e.processor for e in bundle.entries]}))
+"""
+
+
+@pytest.mark.parametrize("version, method", [(3, "zstd"), (1, "zstd"), (1, "zlib")])
+def test_a_large_bundle_is_read_in_bounded_memory(tmp_path, version, method):
+    # 64 MiB of code: a 16 KiB block over and over, so it compresses ~1000x (zlib too).
+    code = os.urandom(16 << 10) * (LARGE_CODE_OBJECT // (16 << 10))
+    plain = plain_bundle([("host-x86_64-unknown-linux-gnu", b""), ("hipv4-amdgcn-amd-amdhsa--gfx942", code)])
+    blob = ccob(plain, version, method, zstd_window_log=27)
+    header_size = {1: 20, 3: 32}[version]
+    if method == "zstd":  # one segment: a reader of the whole stream fills a window of all 64 MiB
+        assert zstandard.get_frame_parameters(blob[header_size:]).window_size >= LARGE_CODE_OBJECT
+    section = tmp_path / "section"
+    section.write_bytes(blob + bytes(4096))
+    result = run([sys.executable, "-c", _MEASURE, section, str(header_size)], cwd=REPO, quiet=True)
+    grown = json.loads(result.output.splitlines()[-1])
+    assert grown["targets"] == [None, "gfx942"]
+    assert grown["parse"] < 16 << 20, f"parsing grew the peak RSS by {grown['parse'] >> 20} MiB"
+    if method == "zstd":  # the measure sees a full inflate's window
+        assert grown["inflate"] > 48 << 20, grown
 
 
 # --- ids and targets ----------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from conftest import recipe_toml
 
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.lock import load_lock
-from pipeline.plan import build_order, describe, make_plan
+from pipeline.plan import build_order, default_jobs, describe, jobs_for, make_plan
 from pipeline.recipes import load_recipes
 from pipeline.targets import parse_targets
 
@@ -172,3 +172,9 @@ def test_expected_plan_of_every_line(line_name):
         expected.write_text(result.stdout)
     assert expected.is_file(), f"no {expected}: run ROCWHEELS_UPDATE_PLANS=1 pytest {__file__}"
     assert json.loads(result.stdout) == json.loads(expected.read_text()), f"the plan of {line_name} changed: review it, then regenerate {expected}"
+
+
+@pytest.mark.parametrize(("cores", "memory_gb", "jobs"), [(2, 24, 2), (64, 128, 16), (96, 1024, 96), (8, 4, 1)])
+def test_default_jobs_are_bounded_by_memory(cores: int, memory_gb: int, jobs: int) -> None:
+    assert jobs_for(cores, memory_gb << 30) == jobs
+    assert 1 <= default_jobs() <= len(os.sched_getaffinity(0))

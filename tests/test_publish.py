@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.error import HTTPError
+from urllib.request import urlopen
 
 import pytest
+from click.testing import CliRunner
+from test_serve import _wait_for
 
+from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
 from pipeline.index import file_sha256, write_requirements
+from pipeline.provenance import check_record, record_path, write_record
 from pipeline.publish import publish, resolve_repository
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 
@@ -47,13 +57,16 @@ def test_publish_uploads_once_then_skips_and_a_teammate_installs(tmp_path, index
                                                                   pip_install, installed_build):
     wheelhouse = tmp_path / "wheelhouse"
     wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    record = write_record(wheel, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
 
     first = publish(wheelhouse, index.url)
     second = publish(wheelhouse, index.url)
 
-    assert (first.uploaded, first.skipped) == ((wheel,), ())
-    assert (second.uploaded, second.skipped) == ((), (wheel,))
+    assert (first.uploaded, first.skipped, first.records, first.records_refused) == ((wheel,), (), (record,), ())
+    assert (second.uploaded, second.skipped, second.records) == ((), (wheel,), (record,))
     assert PASSWORD not in _publish_log(wheelhouse)
+    with urlopen(f"{index.url}packages/{wheel.name}.provenance.json", timeout=10) as served:
+        assert served.read() == record.read_bytes()  # beside the wheel, as on the static index
     (tmp_path / "empty").mkdir()
     pip_install(fresh_venv, "--index-url", (tmp_path / "empty").as_uri(), "--extra-index-url", index.simple_url,
                 "rocm-canary")
@@ -240,9 +253,12 @@ def test_empty_wheelhouse_has_nothing_to_publish(tmp_path):
 @pytest.mark.network
 def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(tmp_path, htpasswd, login, make_wheel, fresh_venv,
                                                                     pip_install):
-    """pypiserver lists whatever bytes it holds: the requirements file's sha256 from the wheelhouse catch a swapped file."""
+    """pypiserver lists whatever bytes it holds (its #sha256 is computed from the file on its disk):
+    the requirements file's sha256 from the wheelhouse catch a swapped file, and so does the
+    provenance record published beside it."""
     wheelhouse = tmp_path / "wheelhouse"
     wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    write_record(wheel, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
     (requirements,) = write_requirements(wheelhouse)
     with running_pypiserver(tmp_path / "packages", htpasswd, log_file=tmp_path / "pypiserver.log") as server:
         publish(wheelhouse, server.url)
@@ -250,3 +266,83 @@ def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(tmp_path, h
             tmp_path / "packages" / wheel.name)
         with pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
             pip_install(fresh_venv, "--index-url", server.simple_url, "--require-hashes", "--no-deps", "-r", requirements)
+        downloads = tmp_path / "downloads"
+        downloads.mkdir()
+        for name in (wheel.name, record_path(wheel).name):
+            with urlopen(f"{server.url}packages/{name}", timeout=10) as served:
+                (downloads / name).write_bytes(served.read())
+    ok, message = check_record(downloads / wheel.name)
+    assert not ok and "differs from the provenance record's" in message
+    verified = CliRunner().invoke(cli, ["verify", "--no-smoke", str(downloads / wheel.name)])
+    assert verified.exit_code == 1 and "differs from the provenance record's" in verified.output
+
+
+@contextmanager
+def _plain_pypiserver(packages: Path, htpasswd: Path) -> Iterator[str]:
+    """pypiserver as a team may run it, not started by rocwheels serve: it keeps distributions only."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    packages.mkdir(parents=True, exist_ok=True)
+    server = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "--host", "127.0.0.1", "--port", str(port),
+                               "--passwords", str(htpasswd), "--authenticate", "update", "--disable-fallback",
+                               "--hash-algo", "sha256", str(packages)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        _wait_for(url + "health")
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@pytest.mark.network
+def test_a_plain_pypiserver_gets_the_wheels_and_a_warning_that_records_are_missing(tmp_path, htpasswd, login, make_wheel,
+                                                                                  caplog):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    record = write_record(wheel, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
+
+    with _plain_pypiserver(tmp_path / "packages", htpasswd) as url, caplog.at_level("WARNING", logger="rocwheels"):
+        result = publish(wheelhouse, url)
+
+    assert (result.uploaded, result.records, result.records_refused) == ((wheel,), (), (record,))
+    (warning,) = [r.getMessage() for r in caplog.records if "provenance" in r.getMessage()]
+    assert f"{url} takes no provenance records" in warning and "HTTP 405" in warning
+    assert "CI reuse from this index" in warning and "rocwheels serve" in warning
+    assert [p.name for p in (tmp_path / "packages").iterdir()] == [wheel.name]
+
+
+@pytest.mark.network
+def test_a_wheel_that_no_longer_matches_its_record_is_not_published(tmp_path, index, login, make_wheel):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "record-demo", "1.0+rocm9.9")
+    write_record(wheel, "f" * 64, {}, {})
+    make_wheel(wheelhouse, "record-demo", "1.0+rocm9.9", build="tampered")  # same name, other bytes
+
+    with pytest.raises(RocwheelsError, match="is not the one verify accepted"):
+        publish(wheelhouse, index.url)
+    with pytest.raises(HTTPError):  # nothing of it reached the index
+        urlopen(f"{index.simple_url}record-demo/", timeout=10)
+
+
+@pytest.mark.network
+def test_a_record_already_on_the_index_is_kept_and_a_stale_one_is_named(tmp_path, htpasswd, login, make_wheel, caplog):
+    wheelhouse = tmp_path / "wheelhouse"
+    wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
+    write_record(wheel, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
+    packages = tmp_path / "packages"
+    with running_pypiserver(packages, htpasswd) as server, caplog.at_level("WARNING", logger="rocwheels"):
+        publish(wheelhouse, server.url)
+        kept = record_path(packages / wheel.name).read_bytes()
+        write_record(wheel, "e" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})  # same bytes, other inputs
+        publish(wheelhouse, server.url)
+        assert record_path(packages / wheel.name).read_bytes() == kept
+        assert "keeps the record it already has for these very bytes" in caplog.text
+
+        (packages / wheel.name).unlink()  # removed from the index by hand, its record forgotten there
+        rebuilt = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9", build="rebuilt")
+        write_record(rebuilt, "d" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
+        publish(wheelhouse, server.url)
+    assert f"{record_path(wheel).name} on the index does not describe the wheel there" in caplog.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -203,3 +204,25 @@ def test_a_repaired_wheel_repairs_to_a_copy_of_itself(repaired: Repaired, monkey
     other = repair_wheel(repaired.wheel, tmp_path / "other", settings.extended(extra_rpath=("/opt/x/lib",)), log_file=tmp_path / "other.log")
     assert "auditwheel verdict" in (tmp_path / "other.log").read_text()
     check_wheel(other, verify_hashes=True)
+
+
+@pytest.mark.hipcc
+def test_a_changed_copy_of_a_repaired_wheel_is_judged_not_copied(
+    repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR)
+    monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
+    repair_wheel(repaired.wheel, tmp_path / "judged", settings)  # leaves the note for this name
+    # Same name and members, a Python file changed after the repair.
+    tampered = tmp_path / "tampered" / repaired.wheel.name
+    tampered.parent.mkdir()
+    with zipfile.ZipFile(repaired.wheel) as source, zipfile.ZipFile(tampered, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            data = source.read(info)
+            out.writestr(info, data + b"# changed\n" if info.filename == "hipext/__init__.py" else data)
+    assert members(tampered) == members(repaired.wheel)
+    with pytest.raises(RocwheelsError, match=r"hipext/__init__\.py does not match its RECORD hash"):
+        repair_wheel(tampered, tmp_path / "out", settings, log_file=tmp_path / "out.log")
+    log = tmp_path / "out.log"
+    assert "copied" not in (log.read_text() if log.exists() else "")
+    assert not list((tmp_path / "out").glob("*"))  # nothing written, not even a partial file

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import signal
 import socket
 import subprocess
 import sys
 import time
-from urllib.request import urlopen
+from urllib.error import HTTPError
+from urllib.request import Request, urlopen
 
 import pytest
 from passlib.apache import HtpasswdFile
 
 from pipeline.errors import RocwheelsError
+from pipeline.provenance import record_path, write_record
 from pipeline.serve import add_htpasswd_user, running_pypiserver
 
 
@@ -93,3 +97,47 @@ def _wait_for(url: str, timeout: float = 20) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+def _request(url: str, method: str = "GET", data: bytes | None = None, login: str | None = None) -> tuple[int, bytes]:
+    request = Request(url, data=data, method=method)
+    if login:
+        request.add_header("Authorization", "Basic " + base64.b64encode(login.encode()).decode())
+    try:
+        with urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except HTTPError as answer:
+        return answer.code, answer.read()
+
+
+@pytest.mark.network
+def test_provenance_records_are_served_beside_the_wheels_and_taken_only_if_true(tmp_path, make_wheel):
+    """pypiserver keeps the wheels; the record of one is at <wheel URL>.provenance.json, stored
+    with the upload login and only when it names that wheel's very sha256."""
+    add_htpasswd_user(tmp_path / "htpasswd", "alice", "pw")
+    packages = tmp_path / "packages"
+    local = make_wheel(tmp_path / "wheelhouse", "rocm-canary", "0.1.0+rocm9.9")
+    record = write_record(local, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"}).read_bytes()
+    packages.mkdir()
+    wheel = packages / local.name
+    wheel.write_bytes(local.read_bytes())  # as twine uploads it
+    forged = json.dumps({**json.loads(record), "sha256": "0" * 64}).encode()
+    other_inputs = json.dumps({**json.loads(record), "fingerprint": "e" * 64}).encode()
+    with running_pypiserver(packages, tmp_path / "htpasswd") as index:
+        page = urlopen(f"{index.simple_url}rocm-canary/", timeout=10).read().decode()
+        (href,) = [part for part in page.split('"') if part.startswith("/packages/")]
+        url = index.url.rstrip("/") + href.split("#")[0] + ".provenance.json"
+
+        assert _request(url)[0] == 404  # none yet
+        assert _request(url, "PUT", record)[0] == 401
+        assert _request(url, "PUT", record, "alice:wrong")[0] == 403
+        status, reason = _request(url, "PUT", forged, "alice:pw")
+        assert status == 409 and b"describes other bytes" in reason
+        assert _request(url, "PUT", b"{}", "alice:pw")[0] == 400
+        assert _request(url.replace("rocm_canary-0.1.0", "rocm_canary-9.9"), "PUT", record, "alice:pw")[0] == 404
+        assert _request(url, "PUT", record, "alice:pw")[0] == 201
+        assert _request(url, "PUT", record, "alice:pw")[0] == 200  # the same again: nothing to do
+        assert _request(url, "PUT", other_inputs, "alice:pw")[0] == 409  # never replaced
+        assert _request(url) == (200, record)  # downloads need no login, as pypiserver's own
+        assert urlopen(f"{index.simple_url}rocm-canary/", timeout=10).read().decode() == page  # not listed as a file
+    assert sorted(p.name for p in packages.iterdir()) == [wheel.name, record_path(wheel).name]  # nothing half-written

@@ -68,5 +68,5 @@ def test_demo_end_to_end(tmp_path):
     for step in ("build, repair, verify", "publish", "install into a fresh venv", "smoke test", "stopped"):
         assert step in result.stdout
     assert "1 uploaded" in result.stdout
-    servers = subprocess.run(["pgrep", "-f", "pypiserver run .*rocwheels-demo-"], capture_output=True, text=True)
+    servers = subprocess.run(["pgrep", "-f", "pypiserver(_records)? run .*rocwheels-demo-"], capture_output=True, text=True)
     assert servers.stdout == "", "a process of the demo is still running"
