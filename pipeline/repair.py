@@ -279,6 +279,8 @@ def _patch_ahead(
 ) -> tuple[dict[str, Path], Path | None]:
     """The RPATHs of ``tree`` set, and ``wheel`` rewritten into folder ``dest`` with them and
     ``changes``: (the patched files, the wheel or None when nothing changed)."""
+    from .wheelfile import rewrite_wheel
+
     patched = _relink(wheel, tree, policy, settings, log_file, log, threads)
     if not (patched or changes):
         return patched, None
