@@ -4,17 +4,19 @@ Read top to bottom as the steps:
 
 1. check the raw wheel (auditwheel answers a damaged one with a traceback); a wheel this repair
    wrote before, with the same settings, is copied as it is;
-2. unpack its ELF files only, and ask auditwheel's library API for its verdict on them, every ROCm
-   library and the recipe's excludes left out: the platform tag, and what it would graft;
-3. only if it grafts something (say libgomp, or the build's own helpers): ``auditwheel repair``
-   of the ELF files, whose changed and new files are taken over;
-4. rewrite the RPATH of every ELF file: ROCm from ``rocm_lib_dir``, linked packages' libraries
-   through ``$ORIGIN``-relative paths into site-packages, grafted ones from ``<pkg>.libs``;
-   build-machine paths go;
+2. unpack its ELF files only, and ask auditwheel's library API, in a process of its own, for its
+   verdict on them, every ROCm library and the recipe's excludes left out: the platform tag, and
+   what it would graft;
+3. meanwhile, rewrite the RPATH of every ELF file: ROCm from ``rocm_lib_dir``, linked packages'
+   libraries through ``$ORIGIN``-relative paths into site-packages, grafted ones from
+   ``<pkg>.libs``; build-machine paths go; and write a wheel with them aside (pipeline/zipwrite.py:
+   unchanged members copied as their compressed bytes, changed ones deflated in parallel);
+4. only if the verdict grafts something (say libgomp, or the build's own helpers): ``auditwheel
+   repair`` of the ELF files, whose changed and new files are taken over, their RPATHs set, and
+   the wheel written anew from the raw one;
 5. keep one platform tag, in the file name and in WHEEL, and write the wheel into the wheelhouse
-   atomically (pipeline/zipwrite.py): unchanged members copied as their compressed bytes, changed
-   ones deflated in parallel; a wheel with nothing to change is copied. On any failure the
-   wheelhouse is left as it was.
+   atomically; a wheel with nothing to change is copied. On any failure the wheelhouse is left
+   as it was.
 """
 
 from __future__ import annotations
