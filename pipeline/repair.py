@@ -244,14 +244,16 @@ def repair_wheel(
         dest = wheelhouse / replace_platform_tag(raw_wheel.name, tag)
         added: dict[str, Added] = {}
         if verdict.grafts:
-            # The wheel set aside is not used; the files patched ahead are (patching is idempotent).
+            # The wheel set aside stays the base: only what auditwheel changes or adds (its RPATHs
+            # set again; for the files patched ahead, setting them again changes nothing) is new.
             grafted = audit.repair(skeleton, work / "auditwheel", policy.excludes, verdict.tag, log_file, log, who_needs=who_needs)
             changed, added, dropped = _taken_from(grafted, skeleton, tree, members, work / "grafted")
             relinked = _relink(raw_wheel, {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
                                policy, settings, log_file, log, threads)
             patched = {name: tree[name] for name in {*patched_ahead, *relinked} if name in tree and name not in added}
-            changed.update({**patched, **early_changes, **retag})
-            final = rewrite_wheel(raw_wheel, dest, replace=changed, added=added, dropped=frozenset(dropped),
+            changed.update({name: path for name, path in relinked.items() if name not in added})
+            changed.update(retag if ahead_wheel else {**patched, **early_changes, **retag})
+            final = rewrite_wheel(ahead_wheel or raw_wheel, dest, replace=changed, added=added, dropped=frozenset(dropped),
                                   compression_level=compression_level, threads=threads)
         else:
             patched, changed = patched_ahead, {**patched_ahead, **early_changes, **retag}
