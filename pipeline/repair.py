@@ -41,7 +41,7 @@ from .errors import RocwheelsError
 from .layout import cache_dir
 from .log import LOGGER
 from .rocm_policy import LinkPackage, RocmPolicy, load_policy
-from .zipwrite import Added, copy_file, extract_members, record_rows, write_stored
+from .zipwrite import Added, copy_file, extract_members, piecewise_sha256, record_rows, write_stored
 
 if TYPE_CHECKING:
     from .elf import ElfInfo
@@ -178,7 +178,7 @@ def repair_wheel(
     marker = _repaired_marker(raw_wheel.name, settings)
     if marker.exists():
         # Only the very bytes this repair wrote (sha256, hashed while copying) skip the checks.
-        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, sha256=marker.read_text(encoding="ascii").strip())
+        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, fingerprint=marker.read_text(encoding="ascii").strip())
         if final:
             _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
             log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
@@ -265,8 +265,7 @@ def repair_wheel(
     # Repairing this result again with the same settings changes nothing: say so for next time.
     done = _repaired_marker(final.name, settings)
     done.parent.mkdir(parents=True, exist_ok=True)
-    with final.open("rb") as written:
-        done.write_text(hashlib.file_digest(written, "sha256").hexdigest(), encoding="ascii")
+    done.write_text(piecewise_sha256(final), encoding="ascii")
     log.info(
         "repaired %s -> %s in %.1f s (unpacked in %.1f s; then RPATHs of %d files set and deflated %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
@@ -294,7 +293,8 @@ def _patch_ahead(
 
 
 def _repaired_marker(wheel_name: str, settings: RepairSettings) -> Path:
-    """Where the cache keeps the sha256 of the wheel ``wheel_name`` that repair with ``settings`` wrote.
+    """Where the cache keeps the fingerprint (piecewise sha256) of the wheel ``wheel_name`` that
+    repair with ``settings`` wrote.
 
     Repairing exactly that file again changes nothing. Keyed by what decides the result besides the
     file: the settings, the repair rules and auditwheel's version, and where this machine's loader
