@@ -16,7 +16,6 @@ import signal
 import sys
 import sysconfig
 import tempfile
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
 from . import cmd
 from .errors import RocwheelsError
+from .interrupts import SIGNALS, held_while
 
 # auditwheel's zip is only an intermediate here (RPATHs and tags are rewritten after it), so it
 # compresses fast (-z 1) and the final write compresses once at level 6. Not -z 0: auditwheel
@@ -45,7 +45,6 @@ _FIX_MISSING = (
     "or install it in the builder (or put its folder on LD_LIBRARY_PATH) so it is grafted"
 )
 
-_STOPS = {signal.SIGINT, signal.SIGTERM}
 Log = logging.Logger | logging.LoggerAdapter
 # Called only when a library is missing: the wheel's ELF files as (member, extracted path, NEEDED).
 WhoNeeds = Callable[[], Sequence[tuple[str, Path, Sequence[str]]]]
@@ -90,20 +89,16 @@ class AnalysisAside:
     def __enter__(self) -> AnalysisAside:
         # Signals wait until the process has started (one stopping the start would leave it reading
         # half its start-up data, and printing a traceback); the process ignores them: on the way
-        # out it is stopped here. Only the main thread may set handlers (and only it gets signals).
-        held: list[int] = []
-        main = threading.current_thread() is threading.main_thread()
-        previous = {stop: signal.signal(stop, lambda signum, _: held.append(signum)) for stop in _STOPS} if main else {}
+        # out it is stopped here.
         try:
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start, initargs=(str(self._temp),))
-            self._pool.submit(_ready)
-        finally:
-            for stop, handler in previous.items():
-                signal.signal(stop, handler)
-        if held:
-            self.__exit__(RuntimeError, None, None)
-            signal.raise_signal(held[0])
+            with held_while():
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_start, initargs=(str(self._temp),))
+                self._pool.submit(_ready)
+        except BaseException:
+            if hasattr(self, "_pool"):
+                self.__exit__(RuntimeError)
+            raise
         return self
 
     def __exit__(self, failure: type[BaseException] | None, *_: object) -> None:
@@ -123,7 +118,7 @@ class AnalysisAside:
 
 def _start(temp: str) -> None:
     os.environ["TMPDIR"] = tempfile.tempdir = temp
-    for stop in _STOPS:
+    for stop in SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
 
 

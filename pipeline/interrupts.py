@@ -25,41 +25,33 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PRIVATE_PREFIX = "rocwheels-run-"
 
 
-# A signal that arrives while the main thread starts a child process is held back until the
-# child is known to the caller (see held_while): raised inside Popen, it would orphan the child.
-_holding = False
-_held: int | None = None
-
-
 def _interrupt(signum: int, _frame: object) -> None:
-    global _held
     for handled in SIGNALS:
         signal.signal(handled, signal.SIG_IGN)
-    if _holding:
-        _held = signum
-        return
     raise Interrupted(signum)
 
 
 @contextmanager
 def held_while() -> Iterator[None]:
-    """Run the body with SIGINT/SIGTERM held back; one that arrived is raised when it ends.
+    """Run the body with SIGINT/SIGTERM held back; the first that arrived is delivered when it ends.
 
-    For starting a child process: the caller's cleanup then knows the child it must stop.
-    Only the main thread receives Python's signals, so elsewhere this does nothing.
+    For starting a child process: a signal raised inside ``Popen`` (or a process pool's start)
+    would orphan the child, delivered after it the caller's cleanup knows what to stop. Delivered
+    to whatever handler was in place (Interrupted under :func:`interruptible`). Only the main
+    thread receives Python's signals, so elsewhere this does nothing.
     """
-    global _holding, _held
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _holding = True
+    held: list[int] = []
+    previous = {signum: signal.signal(signum, lambda arrived, _frame: held.append(arrived)) for signum in SIGNALS}
     try:
         yield
     finally:
-        _holding = False
-        signum, _held = _held, None
-        if signum is not None:
-            raise Interrupted(signum)  # also over the body's own failure: the signal decides the exit
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])  # also over the body's own failure: the signal decides the exit
 
 
 @contextmanager

@@ -15,7 +15,6 @@ from fnmatch import fnmatchcase
 from functools import cache
 from pathlib import PurePosixPath
 
-
 from .errors import RocwheelsError
 
 # auditwheel renames a grafted `libfoo.so.1` to `libfoo-<first 8 hex digits of its sha256>.so.1`;
