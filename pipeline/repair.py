@@ -177,7 +177,7 @@ def repair_wheel(
     started = time.monotonic()
     marker = _repaired_marker(raw_wheel.name, settings)
     if marker.exists():
-        # Only the very bytes this repair wrote (sha256, hashed while copying) skip the checks.
+        # Only the very bytes this repair wrote (their fingerprint, hashed while copying) skip the checks.
         final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, fingerprint=marker.read_text(encoding="ascii").strip())
         if final:
             _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
