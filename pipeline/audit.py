@@ -1,9 +1,9 @@
-"""The one adapter to auditwheel: its verdict on a wheel, its repair, and its failures explained.
+"""The one adapter to auditwheel: its verdict on a wheel, its grafts, and its failures explained.
 
 auditwheel decides what is grafted and which platform tag a wheel earns. rocwheels asks it through
-its library API (``wheel_abi.analyze_wheel_abi``, its policies, ``lddtree``) and runs its command
-line only where something must be grafted. Its English output is read here and nowhere else, for
-the auditwheel versions ``pyproject.toml`` allows.
+its library API: ``wheel_abi.analyze_wheel_abi``, its policies and ``lddtree`` for the verdict, and,
+where something must be grafted, ``repair.repair_wheel`` with that same analysis (what ``auditwheel
+repair`` runs after analysing), for the auditwheel versions ``pyproject.toml`` allows.
 """
 
 from __future__ import annotations
@@ -11,41 +11,39 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import re
 import signal
-import sys
+import subprocess
 import sysconfig
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from auditwheel.error import NonPlatformWheelError, WheelToolsError
 from auditwheel.lddtree import ldd, load_ld_paths
-from auditwheel.wheel_abi import analyze_wheel_abi
+from auditwheel.patcher import ElfPatcher
+from auditwheel.repair import repair_wheel
+from auditwheel.wheel_abi import WheelAbIInfo, analyze_wheel_abi
 from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
-from . import cmd
 from .errors import RocwheelsError
 from .interrupts import SIGNALS, held_while
 
-# auditwheel's zip is only an intermediate here (RPATHs and tags are rewritten after it), so it
-# compresses fast (-z 1) and the final write compresses once at level 6. Not -z 0: auditwheel
-# holds each member and its "compressed" copy in memory, so storing doubles its peak for a large
-# library. Measured on torch 2.14.1 (555 MB wheel, 1.14 GB unpacked, 13k members), this machine:
-# auditwheel alone -z 6 52.3 s / 554.6 MB, -z 1 39.7 s / 584.2 MB, -z 0 30.4 s. On the
-# benchmark wheel (benchmarks/, 399 MB unpacked, largest member 148 MB): auditwheel alone -z 0
-# 10.9 s / 479 MB peak RSS, -z 1 14.9 s / 286 MB, -z 6 21.0 s / 276 MB.
+if TYPE_CHECKING:
+    from auditwheel.policy import Policy
+
+# auditwheel's zip is only an intermediate here (its members are taken over and compressed again
+# by rocwheels), so it compresses fast. Not level 0: auditwheel holds each member and its "compressed"
+# copy in memory, so storing doubles its peak for a large library.
 ZIP_LEVEL = 1
 
-_MISSING = re.compile(r'required library "(?P<library>[^"]+)" could not be located')
 _FIX_MISSING = (
     "exclude {library} in the recipe's [repair] exclude if the target machine provides it, "
     "or install it in the builder (or put its folder on LD_LIBRARY_PATH) so it is grafted"
 )
 
-Log = logging.Logger | logging.LoggerAdapter
 # Called only when a library is missing: the wheel's ELF files as (member, extracted path, NEEDED).
 WhoNeeds = Callable[[], Sequence[tuple[str, Path, Sequence[str]]]]
 
@@ -115,9 +113,19 @@ class AnalysisAside:
         outcome = self._pool.submit(_judge, wheel, tuple(members), tuple(excludes), plat)
         return lambda: _verdict(wheel, outcome.result(), who_needs)
 
+    def graft(self, judged: Path, part: Path, out: Path) -> Path:
+        """auditwheel's repair, with its analysis of the wheel ``judged`` (the last ``submit``, whose
+        verdict grafts), of ``part``: a wheel of the ELF files the verdict names, from that wheel.
+        Written into folder ``out``; the wheel it wrote, to take the changed and new files from.
+
+        The analysis is not run again (``auditwheel repair`` would), and only the files that change
+        are unpacked and zipped."""
+        return self._pool.submit(_graft, judged, part, out).result()
+
 
 def _start(temp: str) -> None:
     os.environ["TMPDIR"] = tempfile.tempdir = temp
+    os.environ.update(tool_env())  # for auditwheel's patcher
     for stop in SIGNALS:
         signal.signal(stop, signal.SIG_IGN)
 
@@ -130,6 +138,10 @@ def _verdict(wheel: Path, outcome: Verdict | str, who_needs: WhoNeeds) -> Verdic
     if isinstance(outcome, str):
         raise _missing(wheel, outcome, who_needs)
     return outcome
+
+
+# The analysis process's last analysis whose verdict grafts (wheel -> (analysis, chosen policy)), for ``_graft``.
+_ANALYSES: dict[str, tuple[WheelAbIInfo, Policy]] = {}
 
 
 def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None) -> Verdict | str:
@@ -156,7 +168,7 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     except NonPlatformWheelError:
         raise _no_compiled_code(wheel) from None
     except RuntimeError as exc:
-        raise (_purelib(wheel) if "purelib" in str(exc) else _failed(wheel, str(exc), None)) from None
+        raise (_purelib(wheel) if "purelib" in str(exc) else _failed(wheel, str(exc))) from None
     finally:
         auditwheel_log.setLevel(level)
     policies = abi.policies
@@ -188,6 +200,9 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
             return missing[0]
         if libraries:
             grafts[_member(path, members)] = tuple(libraries)
+    _ANALYSES.clear()
+    if grafts:
+        _ANALYSES[str(wheel)] = (abi, policy)
     return Verdict(policy.name, grafts)
 
 
@@ -197,44 +212,24 @@ def _member(path: Path, members: Sequence[str]) -> str:
     return next(name for name in members if text == name or text.endswith(f"/{name}"))
 
 
-def repair(
-    raw_wheel: Path, out: Path, excludes: Sequence[str], plat: str | None,
-    log_file: Path | None, log: Log, *, who_needs: WhoNeeds,
-) -> Path:
-    """``auditwheel repair`` of ``raw_wheel`` into folder ``out``; the one wheel it wrote."""
-    args: list[str | Path] = [sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", out]
-    args += ["--zip-compression-level", str(ZIP_LEVEL)]
-    for pattern in excludes:
-        args += ["--exclude", pattern]
-    if plat:
-        # Without --only-plat auditwheel adds every tag the wheel would also qualify for.
-        args += ["--plat", plat, "--only-plat"]
-    args.append(raw_wheel)
-    # Forty --exclude patterns make a long line: the full command goes to the log file only.
-    result = cmd.run(args, env=tool_env(), log_file=log_file, check=False, logger=log, quiet=log_file is not None)
-    if result.returncode != 0:
-        raise _explain(result.output, raw_wheel, log_file, who_needs)
-    wheels = sorted(out.glob("*.whl"))
-    if len(wheels) != 1:
-        raise RocwheelsError(
-            f"auditwheel reported success for {raw_wheel.name} but wrote {len(wheels)} wheels",
-            fix=f"run the auditwheel command from the log{f' ({log_file})' if log_file else ''} by hand",
-        )
-    return wheels[0]
-
-
-def _explain(output: str, raw_wheel: Path, log_file: Path | None, who_needs: WhoNeeds) -> RocwheelsError:
-    """Turn a failed auditwheel run into an error naming the library, the file and the fix."""
-    missing = _MISSING.search(output)
-    if missing:
-        return _missing(raw_wheel, missing["library"], who_needs)
-    if "too-recent versioned symbols" in output:
-        return _too_recent(raw_wheel)
-    if "does not look like a platform wheel" in output:
-        return _no_compiled_code(raw_wheel)
-    if "in purelib folder" in output:
-        return _purelib(raw_wheel)
-    return _failed(raw_wheel, cmd.tail(output, 15).rstrip() or "no output", log_file)
+def _graft(judged: Path, part: Path, out: Path) -> Path:
+    """``graft``'s work: auditwheel's ``repair_wheel`` of ``part`` with the analysis of ``judged``."""
+    abi, policy = _ANALYSES.pop(str(judged))
+    # What `auditwheel repair --plat <tag> --only-plat` passes (its defaults: `.libs`, patchelf, no strip).
+    patcher = ElfPatcher.get_patcher("patchelf", policy.name)
+    auditwheel_log = logging.getLogger("auditwheel")
+    level = auditwheel_log.level
+    auditwheel_log.setLevel(logging.ERROR)
+    try:
+        written = repair_wheel(abi, part, abis=[policy.name, *policy.aliases], lib_sdir=".libs", out_dir=out,
+                               update_tags=True, patcher=patcher, strip=False, zip_compression_level=ZIP_LEVEL)
+    except (OSError, ValueError, subprocess.CalledProcessError) as exc:
+        raise _failed(judged, str(exc)) from None
+    finally:
+        auditwheel_log.setLevel(level)
+    if written is None:
+        raise _failed(judged, "auditwheel found nothing to graft after all")
+    return written
 
 
 def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:
@@ -268,11 +263,10 @@ def _purelib(wheel: Path) -> RocwheelsError:
     )
 
 
-def _failed(wheel: Path, reason: str, log_file: Path | None) -> RocwheelsError:
-    where = f" (full output: {log_file})" if log_file else ""
+def _failed(wheel: Path, reason: str) -> RocwheelsError:
     return RocwheelsError(
-        f"auditwheel could not repair {wheel.name}{where}; its last lines:\n{reason}",
-        fix="rerun the logged auditwheel command by hand to investigate",
+        f"auditwheel could not repair {wheel.name}: {reason}",
+        fix=f"run `auditwheel repair` on {wheel.name} by hand to investigate, with the recipe's excludes",
     )
 
 

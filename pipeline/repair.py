@@ -11,9 +11,9 @@ Read top to bottom as the steps:
    libraries through ``$ORIGIN``-relative paths into site-packages, grafted ones from
    ``<pkg>.libs``; build-machine paths go; and write a wheel with them aside (pipeline/zipwrite.py:
    unchanged members copied as their compressed bytes, changed ones deflated in parallel);
-4. only if the verdict grafts something (say libgomp, or the build's own helpers): ``auditwheel
-   repair`` of the ELF files, whose changed and new files are taken over, their RPATHs set, and
-   the wheel written anew from the raw one;
+4. only if the verdict grafts something (say libgomp, or the build's own helpers): auditwheel's
+   repair, with the analysis of step 2, of the ELF files it changes; its changed and new files are
+   taken over, their RPATHs set, and the wheel set aside written anew with them;
 5. keep one platform tag, in the file name and in WHEEL, and write the wheel into the wheelhouse
    atomically; a wheel with nothing to change is copied. On any failure the wheelhouse is left
    as it was.
@@ -176,9 +176,13 @@ def repair_wheel(
     log = logger or logging.getLogger(LOGGER)
     started = time.monotonic()
     marker = _repaired_marker(raw_wheel.name, settings)
-    if marker.exists():
-        # Only the very bytes this repair wrote (their fingerprint, hashed while copying) skip the checks.
-        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, fingerprint=marker.read_text(encoding="ascii").strip())
+    note = _read_note(marker)
+    if note:
+        # Only the very bytes this repair wrote skip the checks: the file it wrote, unchanged since
+        # (see _unchanged_since), or bytes with their fingerprint (hashed while copying).
+        fingerprint, identity, noted_at = note
+        unchanged = _unchanged_since(raw_wheel, identity, noted_at)
+        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, fingerprint=None if unchanged else fingerprint)
         if final:
             _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
             log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
@@ -214,7 +218,7 @@ def repair_wheel(
             {name: (path, members[name].CRC) for name, path in tree.items()},
             {f"{raw.dist_info}/WHEEL": wheel_text, f"{raw.dist_info}/METADATA": metadata_text,
              # auditwheel walks the files RECORD lists (hashes unread).
-             f"{raw.dist_info}/RECORD": "".join(f"{name},,\n" for name in tree)},
+             f"{raw.dist_info}/RECORD": "".join(f"{name},,\n" for name in (*tree, *(f"{raw.dist_info}/{own}" for own in ("WHEEL", "METADATA", "RECORD"))))},
         )
 
         pinned = pin_requirements(metadata_text, settings.requires_pins) if settings.requires_pins else metadata_text
@@ -246,8 +250,11 @@ def repair_wheel(
         if verdict.grafts:
             # The wheel set aside stays the base: only what auditwheel changes or adds (its RPATHs
             # set again; for the files patched ahead, setting them again changes nothing) is new.
-            grafted = audit.repair(skeleton, work / "auditwheel", policy.excludes, verdict.tag, log_file, log, who_needs=who_needs)
-            changed, added, dropped = _taken_from(grafted, skeleton, tree, members, work / "grafted")
+            # auditwheel's repair, with the analysis it just made, of the skeleton's files it changes.
+            part = rewrite_wheel(skeleton, work / "part" / raw_wheel.name, dropped=frozenset(tree) - set(verdict.grafts))
+            (work / "auditwheel").mkdir()
+            grafted = aside.graft(skeleton, part, work / "auditwheel")
+            changed, added, dropped = _taken_from(grafted, part, tree, members, work / "grafted")
             relinked = _relink(raw_wheel, {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
                                policy, settings, log_file, log, threads)
             patched = {name: tree[name] for name in {*patched_ahead, *relinked} if name in tree and name not in added}
@@ -265,7 +272,7 @@ def repair_wheel(
     # Repairing this result again with the same settings changes nothing: say so for next time.
     done = _repaired_marker(final.name, settings)
     done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text(piecewise_sha256(final), encoding="ascii")
+    done.write_text(f"{piecewise_sha256(final)}\n{_identity(final)}\n", encoding="ascii")
     log.info(
         "repaired %s -> %s in %.1f s (unpacked in %.1f s; then RPATHs of %d files set and deflated %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
@@ -306,6 +313,33 @@ def _repaired_marker(wheel_name: str, settings: RepairSettings) -> Path:
     return cache_dir() / "repaired" / hashlib.sha256(key.encode()).hexdigest()
 
 
+def _read_note(marker: Path) -> tuple[str, str, int] | None:
+    """The note ``_repaired_marker`` names: (fingerprint, identity of the file written, when noted)."""
+    try:
+        with marker.open(encoding="ascii") as note:
+            fingerprint, identity = (note.read().split() + [""])[:2]
+            return fingerprint, identity, os.fstat(note.fileno()).st_mtime_ns
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _identity(path: Path) -> str:
+    """Which file ``path`` is, and its state: device, inode, size, modification and change times."""
+    stat = path.stat()
+    return f"{stat.st_dev}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}"
+
+
+def _unchanged_since(path: Path, identity: str, noted_at: int) -> bool:
+    """Whether ``path`` is the file of ``identity``, unchanged since: every write, and every
+    setting of its times, moves its change time on, which no program can set back (only the clock).
+
+    As git does for its index: a change time not older than the note's own time is not trusted, as
+    a write in the same tick of the file system's clock would leave it as it was."""
+    if not identity or _identity(path) != identity:
+        return False
+    return int(identity.rsplit(":", 1)[1]) < noted_at
+
+
 def _rules_identity() -> tuple[str, str]:
     """The repair rules (this module, the auditwheel adapter, the ROCm library list) and auditwheel's version.
 
@@ -334,15 +368,15 @@ def _note(log_file: Path | None, line: str) -> None:
 
 
 def _taken_from(
-    grafted: Path, skeleton: Path, tree: dict[str, Path], members: dict[str, zipfile.ZipInfo], folder: Path,
+    grafted: Path, part: Path, tree: dict[str, Path], members: dict[str, zipfile.ZipInfo], folder: Path,
 ) -> tuple[dict[str, bytes | Path], dict[str, Added], set[str]]:
-    """What auditwheel's repair of the skeleton changed: (changed members, added ones, dropped ones).
+    """What auditwheel's repair of ``part`` changed: (changed members, added ones, dropped ones).
 
     The dist-info's WHEEL and RECORD are rocwheels' to write; its new files (an SBOM) are taken.
     """
     from .wheelfile import extract, open_wheel
 
-    with open_wheel(skeleton) as before, open_wheel(grafted) as after:
+    with open_wheel(part) as before, open_wheel(grafted) as after:
         old = {info.filename: info.CRC for info in before.infolist()}
         new = {info.filename: info for info in after.infolist() if not info.is_dir()}
         dist_info = next(name.split("/", 1)[0] for name in old if name.endswith(".dist-info/RECORD"))

@@ -141,6 +141,14 @@ def extract_members(
 
 
 def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str) -> None:
+    try:
+        _inflate_checked(source, info, target, recorded)
+    except (zipfile.BadZipFile, zlib_ng.error) as exc:
+        raise RocwheelsError(f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
+                             fix="do not install, repair or publish this file; build or download the wheel again") from None
+
+
+def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str) -> None:
     with open(source, "rb") as raw, (target.open("wb") if target else open(os.devnull, "wb")) as sink:
         raw.seek(info.header_offset)
         fields = _LOCAL.unpack(raw.read(_LOCAL.size))

@@ -207,6 +207,33 @@ def test_a_repaired_wheel_repairs_to_a_copy_of_itself(repaired: Repaired, monkey
 
 
 @pytest.mark.hipcc
+def test_the_wheel_repair_wrote_is_copied_unless_changed_in_place(
+    repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR)
+    monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
+    written = repair_wheel(repaired.wheel, tmp_path / "written", settings)
+    again = repair_wheel(written, tmp_path / "again", settings, log_file=tmp_path / "again.log")
+    assert again.read_bytes() == written.read_bytes()
+    assert "copied" in (tmp_path / "again.log").read_text()
+    # The same file, one byte in its largest member's data changed in place, its size and times kept.
+    before = written.stat()
+    with zipfile.ZipFile(written) as archive:
+        largest = max(archive.infolist(), key=lambda info: info.compress_size)
+    with written.open("r+b") as file:
+        file.seek(largest.header_offset + 30 + len(largest.filename.encode()) + largest.compress_size // 2)
+        byte = file.read(1)
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(written, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = written.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    with pytest.raises(RocwheelsError, match=r"is damaged|does not match its RECORD hash"):
+        repair_wheel(written, tmp_path / "out", settings, log_file=tmp_path / "out.log")
+    assert not (tmp_path / "out.log").exists()  # no "copied" note: judged, and refused
+    assert not list((tmp_path / "out").glob("*"))
+
+
 def test_a_changed_copy_of_a_repaired_wheel_is_judged_not_copied(
     repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
