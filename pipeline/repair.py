@@ -341,7 +341,7 @@ def _unchanged_since(path: Path, identity: str, noted_at: int) -> bool:
 
 
 def _rules_identity() -> tuple[str, str]:
-    """The repair rules (this module, the auditwheel adapter, the ROCm library list) and auditwheel's version.
+    """The repair rules (this module, the in-place RPATH editor, the auditwheel adapter, the ROCm library list) and auditwheel's version.
 
     From the files: an editable install keeps its version number across changes of the rules, and
     importlib.metadata takes longer to import than a wheel takes to copy.
@@ -350,7 +350,7 @@ def _rules_identity() -> tuple[str, str]:
 
     here = Path(__file__).parent
     rules = hashlib.sha256()
-    for name in ("repair.py", "audit.py", "rocm_policy.py", "data/rocm-libraries.toml"):
+    for name in ("repair.py", "rpath.py", "audit.py", "rocm_policy.py", "data/rocm-libraries.toml"):
         rules.update((here / name).read_bytes())
     installed = sorted(Path(auditwheel.__file__).parent.parent.glob("auditwheel-*.dist-info"))
     if installed:
@@ -415,9 +415,11 @@ def _relink(
 ) -> dict[str, Path]:
     """Set the RPATH every ELF file of ``tree`` (member -> extracted file) should have; return the changed files."""
     from . import cmd
+    from .rpath import set_rpath_in_place
 
     patchelf = _patchelf()
-    changes: dict[str, tuple[Path, list[str]]] = {}
+    changes: dict[str, tuple[Path, list[str]]] = {}  # for patchelf: the changes that need room
+    edited: dict[str, Path] = {}
     for name, path, info in _elf_infos(wheel, tree):
         # GPU code objects are loaded by the HIP runtime, never by ld.so.
         if info.machine == "EM_AMDGPU":
@@ -430,14 +432,18 @@ def _relink(
         # also applies to the dependencies of dependencies (a grafted or linked library that needs
         # ROCm without a path of its own still finds rocm_lib_dir), and to their dlopen() calls.
         # The price: it outranks LD_LIBRARY_PATH; a ROCm elsewhere is chosen with rocm_lib_dir.
-        changes[name] = (path, ["--force-rpath", "--set-rpath", ":".join(wanted)] if wanted else ["--remove-rpath"])
         log.debug("%s: RPATH %s -> %s", name, ":".join(current), ":".join(wanted))
+        if set_rpath_in_place(path, wanted):
+            _note(log_file, f"{name}: RPATH set in place to {':'.join(wanted) or '(none)'}")
+            edited[name] = path
+        else:
+            changes[name] = (path, ["--force-rpath", "--set-rpath", ":".join(wanted)] if wanted else ["--remove-rpath"])
     # patchelf rewrites each file whole: several at once, largest first.
     with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
         order = sorted(changes.values(), key=lambda change: -change[0].stat().st_size)
         for done in [pool.submit(cmd.run, [patchelf, *change, path], log_file=log_file, logger=log) for path, change in order]:
             done.result()
-    return {name: path for name, (path, _) in changes.items()}
+    return {**edited, **{name: path for name, (path, _) in changes.items()}}
 
 
 def _wanted_rpath(
