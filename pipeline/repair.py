@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 # every upload, download and copy.
 ZIP_LEVEL = 5
 DEFAULT_ROCM_LIB_DIR = "/opt/rocm/lib"
+_NOTED_FILES = 16  # files with the same bytes a cache note vouches for, besides the newest
 _ORIGIN = ("$ORIGIN", "${ORIGIN}")
 
 
@@ -178,11 +179,10 @@ def repair_wheel(
     marker = _repaired_marker(raw_wheel.name, settings)
     note = _read_note(marker)
     if note:
-        # Only the very bytes this repair wrote skip the checks: the file it wrote, unchanged since
-        # (see _unchanged_since), or bytes with their fingerprint (hashed while copying).
-        fingerprint, identity, noted_at = note
-        unchanged = _unchanged_since(raw_wheel, identity, noted_at)
-        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, fingerprint=None if unchanged else fingerprint)
+        # Only the very bytes this repair wrote skip the checks: a file it wrote that is unchanged
+        # since (see _remember), or bytes with their fingerprint (hashed while copying).
+        fingerprint, files = note
+        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, fingerprint=None if _identity(raw_wheel) in files else fingerprint)
         if final:
             _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
             log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
@@ -270,9 +270,8 @@ def repair_wheel(
             else:
                 final = copy_file(source, dest)  # nothing (more) to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
-    done = _repaired_marker(final.name, settings)
-    done.parent.mkdir(parents=True, exist_ok=True)
-    done.write_text(f"{piecewise_sha256(final)}\n{_identity(final)}\n", encoding="ascii")
+    written = _identity(final)
+    _remember(_repaired_marker(final.name, settings), piecewise_sha256(final), final, written)
     log.info(
         "repaired %s -> %s in %.1f s (unpacked in %.1f s; then RPATHs of %d files set and deflated %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
@@ -313,14 +312,13 @@ def _repaired_marker(wheel_name: str, settings: RepairSettings) -> Path:
     return cache_dir() / "repaired" / hashlib.sha256(key.encode()).hexdigest()
 
 
-def _read_note(marker: Path) -> tuple[str, str, int] | None:
-    """The note ``_repaired_marker`` names: (fingerprint, identity of the file written, when noted)."""
+def _read_note(marker: Path) -> tuple[str, list[str]] | None:
+    """The note ``_repaired_marker`` names: (fingerprint, identities of files with those bytes)."""
     try:
-        with marker.open(encoding="ascii") as note:
-            fingerprint, identity = (note.read().split() + [""])[:2]
-            return fingerprint, identity, os.fstat(note.fileno()).st_mtime_ns
-    except (FileNotFoundError, ValueError):
+        fingerprint, *files = marker.read_text(encoding="ascii").split()
+    except (FileNotFoundError, ValueError, UnicodeDecodeError):
         return None
+    return fingerprint, files
 
 
 def _identity(path: Path) -> str:
@@ -329,15 +327,27 @@ def _identity(path: Path) -> str:
     return f"{stat.st_dev}:{stat.st_ino}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ctime_ns}"
 
 
-def _unchanged_since(path: Path, identity: str, noted_at: int) -> bool:
-    """Whether ``path`` is the file of ``identity``, unchanged since: every write, and every
-    setting of its times, moves its change time on, which no program can set back (only the clock).
+def _remember(marker: Path, fingerprint: str, path: Path, identity: str) -> None:
+    """Note that ``path``, whose state was ``identity`` before its ``fingerprint`` was taken, holds
+    the bytes of that fingerprint (with the files noted before, if they hold the same: the same
+    wheel repaired into several wheelhouses).
 
-    As git does for its index: a change time not older than the note's own time is not trusted, as
-    a write in the same tick of the file system's clock would leave it as it was."""
-    if not identity or _identity(path) != identity:
-        return False
-    return int(identity.rsplit(":", 1)[1]) < noted_at
+    While a file keeps its identity it keeps its bytes: every write, and every setting of its
+    times, moves its change time on, which no program can set back (only the clock). As git does
+    for its index, a file whose change time is not older than the note is left out: a write in the
+    same tick of the file system's clock would not move it."""
+    note = _read_note(marker)
+    files = [file for file in (note[1] if note and note[0] == fingerprint else []) if file != identity]
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    temp = marker.with_name(f".{marker.name}.{os.getpid()}")
+    try:
+        temp.write_text("\n".join([fingerprint, *files[-_NOTED_FILES:], identity]) + "\n", encoding="ascii")
+        if _identity(path) != identity or int(identity.rsplit(":", 1)[1]) >= temp.stat().st_mtime_ns:
+            # changed meanwhile, or changed too recently to vouch for
+            temp.write_text("\n".join([fingerprint, *files[-_NOTED_FILES:]]) + "\n", encoding="ascii")
+        os.replace(temp, marker)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 def _rules_identity() -> tuple[str, str]:
