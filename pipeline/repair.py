@@ -294,8 +294,9 @@ def _patch_ahead(
     if not (patched or changes):
         return patched, None
     dest.mkdir()
+    # auditwheel's analysis, meanwhile, is what the repair waits for: it goes first.
     return patched, rewrite_wheel(wheel, dest / wheel.name, replace={**patched, **changes},
-                                  compression_level=compression_level, threads=threads)
+                                  compression_level=compression_level, threads=threads, yield_cpu=True)
 
 
 def _repaired_marker(wheel_name: str, settings: RepairSettings) -> Path:

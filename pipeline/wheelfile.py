@@ -172,6 +172,7 @@ def rewrite_wheel(
     compression_level: int = zlib.Z_DEFAULT_COMPRESSION,
     threads: int | None = None,
     force_zip64: bool = False,
+    yield_cpu: bool = False,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
     ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD recomputed (see :func:`pipeline.zipwrite.write_wheel`).
@@ -187,7 +188,7 @@ def rewrite_wheel(
     return write_wheel(
         source, dest, record=f"{info.dist_info}/RECORD", changed=replace, added=added,
         dropped=dropped | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES},
-        level=compression_level, threads=threads, force_zip64=force_zip64,
+        level=compression_level, threads=threads, force_zip64=force_zip64, yield_cpu=yield_cpu,
     )
 
 

@@ -19,6 +19,7 @@ import os
 import shutil
 import struct
 import tempfile
+import threading
 import zipfile
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,12 +65,14 @@ def write_wheel(
     level: int = 6,
     threads: int | None = None,
     force_zip64: bool = False,
+    yield_cpu: bool = False,
 ) -> Path:
     """Write ``source`` to ``dest`` (atomically) with ``changed`` members' new content, ``added``
     members appended, ``dropped`` ones left out and ``record`` (the RECORD member) rewritten last.
 
     Unchanged members keep their bytes, RECORD rows, time stamps and order. ``threads`` deflate
-    in parallel (default: the cores this process may use).
+    in parallel (default: the cores this process may use); with ``yield_cpu`` at the lowest CPU
+    priority, for a caller with more urgent work running meanwhile.
     """
     changed = dict(changed or {})
     added = dict(added or {})
@@ -85,7 +88,7 @@ def write_wheel(
                 raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
             rows = record_rows(archive, record)
             writer = _Writer(out, force_zip64)
-            with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
+            with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None) as pool:
                 new_rows: list[tuple[str, str, str]] = []
                 for member in archive.infolist():
                     if member.filename == record or member.filename in dropped:
@@ -465,3 +468,11 @@ def piecewise_sha256(path: Path) -> str:
         with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
             pieces = list(pool.map(piece, range(0, size, _PIECE)))
     return hashlib.sha256(b"".join(pieces)).hexdigest()
+
+
+def _yield_cpu() -> None:
+    """Run this (deflating) thread at the lowest CPU priority: on Linux a thread has a nice value of its own."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except OSError:  # a priority is a wish: a sandbox may refuse it
+        pass
