@@ -16,10 +16,11 @@ import subprocess
 import sysconfig
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from auditwheel.error import NonPlatformWheelError, WheelToolsError
 from auditwheel.lddtree import ldd, load_ld_paths
@@ -44,6 +45,7 @@ _FIX_MISSING = (
     "or install it in the builder (or put its folder on LD_LIBRARY_PATH) so it is grafted"
 )
 
+T = TypeVar("T")
 # Called only when a library is missing: the wheel's ELF files as (member, extracted path, NEEDED).
 WhoNeeds = Callable[[], Sequence[tuple[str, Path, Sequence[str]]]]
 
@@ -110,8 +112,8 @@ class AnalysisAside:
         self, wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds,
     ) -> Callable[[], Verdict]:
         """Start ``analyze``; the function returned waits for its verdict (or raises its error)."""
-        outcome = self._pool.submit(_judge, wheel, tuple(members), tuple(excludes), plat)
-        return lambda: _verdict(wheel, outcome.result(), who_needs)
+        outcome = self._run(_judge, wheel, tuple(members), tuple(excludes), plat)
+        return lambda: _verdict(wheel, self._answer(outcome), who_needs)
 
     def graft(self, judged: Path, part: Path, out: Path) -> Path:
         """auditwheel's repair, with its analysis of the wheel ``judged`` (the last ``submit``, whose
@@ -120,7 +122,28 @@ class AnalysisAside:
 
         The analysis is not run again (``auditwheel repair`` would), and only the files that change
         are unpacked and zipped."""
-        return self._pool.submit(_graft, judged, part, out).result()
+        return self._answer(self._run(_graft, judged, part, out))
+
+    def _run(self, work: Callable[..., T], *args: object) -> Future[T]:
+        try:
+            return self._pool.submit(work, *args)
+        except BrokenProcessPool:
+            raise _analysis_stopped() from None
+
+    @staticmethod
+    def _answer(outcome: Future[T]) -> T:
+        try:
+            return outcome.result()
+        except BrokenProcessPool:
+            raise _analysis_stopped() from None
+
+
+def _analysis_stopped() -> RocwheelsError:
+    return RocwheelsError(
+        "auditwheel's analysis process stopped before it answered",
+        fix="if rocwheels runs from a Python script of your own, put the call under `if __name__ == \"__main__\":` "
+            "(the process starts with multiprocessing's spawn, which runs that script again); else run again",
+    )
 
 
 def _start(temp: str) -> None:

@@ -195,7 +195,7 @@ def repair_wheel(
 
     policy = settings.policy()
     # RECORD hashes are checked below, while the ELF files are unpacked (and the other members
-    # inflated, in parallel, to nothing): a member changed after the build stops the repair.
+    # inflated to nothing): a member changed after the build stops the repair.
     raw = check_wheel(raw_wheel, verify_hashes=False)
 
     # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
@@ -209,7 +209,7 @@ def repair_wheel(
             metadata_text = archive.read(f"{raw.dist_info}/METADATA").decode("utf-8")
             record = record_rows(archive, f"{raw.dist_info}/RECORD")
         others = [name for name, info in members.items() if not info.is_dir() and name not in elf_names and name in record]
-        tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, check_only=others, threads=threads)
+        tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, threads=threads)
         unpacked = time.monotonic()
         # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
         (work / "skeleton").mkdir()
@@ -230,6 +230,8 @@ def repair_wheel(
             return [(name, path, info.needed) for name, path, info in _elf_infos(raw_wheel, tree)]
 
         verdict_of = aside.submit(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
+        # The other members' hashes are checked while auditwheel analyses (inflated to nothing).
+        extract_members(raw_wheel, [], work / "tree", record=record, check_only=others, threads=threads)
         # Unless auditwheel grafts (rare for a ROCm wheel: everything ROCm is excluded), the RPATHs
         # do not depend on its verdict: patchelf and the deflate of the changed members run while
         # it analyses, into a wheel set aside. The verdict then only retags that wheel.
@@ -273,7 +275,7 @@ def repair_wheel(
     written = _identity(final)
     _remember(_repaired_marker(final.name, settings), piecewise_sha256(final), final, written)
     log.info(
-        "repaired %s -> %s in %.1f s (unpacked in %.1f s; then RPATHs of %d files set and deflated %.1f s, "
+        "repaired %s -> %s in %.1f s (ELF files unpacked in %.1f s; then the other members' hashes checked, RPATHs of %d files set and deflated %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
         raw_wheel.name, final.name, time.monotonic() - started, unpacked - started, len(patched),
         patched_at - unpacked, analysed - patched_at, len(changed), len(added), time.monotonic() - analysed,

@@ -234,6 +234,20 @@ def test_the_wheel_repair_wrote_is_copied_unless_changed_in_place(
     assert not list((tmp_path / "out").glob("*"))
 
 
+def test_a_script_without_a_main_guard_gets_the_fix(repaired: Repaired, tmp_path: Path) -> None:
+    # The analysis process starts with multiprocessing's spawn, which runs the calling script again.
+    script = tmp_path / "unguarded.py"
+    script.write_text("from pathlib import Path\nfrom pipeline.repair import repair_wheel\n"
+                      f"repair_wheel(Path({str(repaired.raw)!r}), Path({str(tmp_path / 'out')!r}))\n")
+    env = {**os.environ, "ROCWHEELS_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    result = run([sys.executable, str(script)], env=env, check=False, quiet=True)
+    assert result.returncode != 0
+    assert "analysis process stopped before it answered" in result.output
+    assert 'if __name__ == "__main__":' in result.output
+    assert not list((tmp_path / "out").glob("*")) and not list((tmp_path / "tmp").iterdir())
+
+
 def test_a_changed_copy_of_a_repaired_wheel_is_judged_not_copied(
     repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
 ) -> None:
