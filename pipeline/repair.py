@@ -230,8 +230,9 @@ def repair_wheel(
             return [(name, path, info.needed) for name, path, info in _elf_infos(raw_wheel, tree)]
 
         verdict_of = aside.submit(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
-        # The other members' hashes are checked while auditwheel analyses (inflated to nothing).
-        extract_members(raw_wheel, [], work / "tree", record=record, check_only=others, threads=threads)
+        # The other members' hashes are checked while auditwheel analyses (inflated to nothing), the
+        # analysis first.
+        extract_members(raw_wheel, [], work / "tree", record=record, check_only=others, threads=threads, yield_cpu=True)
         # Unless auditwheel grafts (rare for a ROCm wheel: everything ROCm is excluded), the RPATHs
         # do not depend on its verdict: patchelf and the deflate of the changed members run while
         # it analyses, into a wheel set aside. The verdict then only retags that wheel.

@@ -120,11 +120,12 @@ def write_wheel(
 
 def extract_members(
     source: Path, names: list[str], dest: Path, *, record: Mapping[str, tuple[str, str, str]],
-    check_only: Sequence[str] = (), threads: int | None = None,
+    check_only: Sequence[str] = (), threads: int | None = None, yield_cpu: bool = False,
 ) -> dict[str, Path]:
     """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
     keeping permission bits; member -> file. CRCs and the sha256 of ``record``'s rows are checked
-    on the way (what is inflated anyway is also hashed: a member changed after the build is caught)."""
+    on the way (what is inflated anyway is also hashed: a member changed after the build is caught).
+    ``yield_cpu`` as for :func:`write_wheel`."""
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
     targets: dict[str, Path | None] = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
@@ -135,7 +136,7 @@ def extract_members(
         targets.update(dict.fromkeys(check_only))
         with zipfile.ZipFile(source) as archive:
             infos += [archive.getinfo(name) for name in check_only]
-    with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
+    with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None) as pool:
         # Largest first: the longest job starts at once.
         for done in [pool.submit(_inflate, source, info, targets[info.filename], record.get(info.filename, ("", "", ""))[1])
                      for info in sorted(infos, key=lambda i: -i.file_size)]:
