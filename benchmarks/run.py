@@ -3,7 +3,8 @@
     python benchmarks/run.py [--size-mb 400] [--repeat 3] [--cache build/bench] [--skip-zip64]
 
 On the generated benchmark wheel and on real ROCm wheels from PyPI (downloaded once into the
-cache), each measurement in a fresh process, ``--repeat`` times in turn (median reported):
+cache), each measurement in a fresh process, ``--repeat`` times in turn (median reported; the
+sub-second ones five times per round):
 ``auditwheel repair`` with the ROCm excludes (the reference), rocwheels' repair on all cores and
 on one, a file copy, and the same for the wheel repaired once (which needs no change); auditwheel
 show against rocwheels' analysis. Checks rocwheels' result against auditwheel's own, then repairs
@@ -45,6 +46,7 @@ MB = 1 << 20
 # Real ROCm 7 wheels on PyPI of 70 MB or more (sizes seen by `pip download`, 2026-12: 73.5 MB and
 # 133.4 MB; jax's holds one 459 MB library). Pinned, so every run measures the same bytes.
 PYPI_WHEELS = ("cupy-rocm-7-0==14.2.0", "jax-rocm7-pjrt==0.12.0")
+QUICK_SAMPLES = 5  # runs per round of the sub-second measurements (Measurement.samples)
 ZIP64_BYTES = (4 << 30) + (256 << 20)  # the data member of the ZIP64 wheel: past 4 GiB
 
 
@@ -56,6 +58,9 @@ class Measurement:
     fixed: bool = False  # on the wheel repaired once (needs no change) instead of the raw one
     fresh_cache: bool = False  # with an empty rocwheels cache: no note of an earlier repair
     env: dict[str, str] = field(default_factory=dict)
+    # Runs per round. Sub-second measurements take several: a few hundredths of a second of this
+    # machine's noise (a neighbour's writeback, the previous run's freed files) are a third of them.
+    samples: int = 1
 
 
 def _auditwheel_repair(wheel: Path, out: Path, log: Path) -> list[str]:
@@ -76,11 +81,11 @@ MEASUREMENTS = (
     Measurement("auditwheel-repair", "auditwheel repair --exclude <ROCm> (reference)", _auditwheel_repair),
     Measurement("repair", "rocwheels repair, all cores", _task("repair")),
     Measurement("repair-1core", "rocwheels repair, 1 core", _task("repair", one_core=True)),
-    Measurement("copy", "file copy", _task("copy")),
+    Measurement("copy", "file copy", _task("copy"), samples=QUICK_SAMPLES),
     Measurement("auditwheel-repair-fixed", "  no change: auditwheel repair", _auditwheel_repair, fixed=True),
-    Measurement("repair-fixed", "  no change: rocwheels repair", _task("repair"), fixed=True),
+    Measurement("repair-fixed", "  no change: rocwheels repair", _task("repair"), fixed=True, samples=QUICK_SAMPLES),
     Measurement("repair-fixed-judged", "  no change: rocwheels repair, empty cache", _task("repair"), fixed=True, fresh_cache=True),
-    Measurement("copy-fixed", "  no change: file copy", _task("copy"), fixed=True),
+    Measurement("copy-fixed", "  no change: file copy", _task("copy"), fixed=True, samples=QUICK_SAMPLES),
     Measurement("auditwheel-show", "auditwheel show (reference)", lambda wheel, out, log: [PYTHON, "-m", "auditwheel", "show", str(wheel)]),
     Measurement("analyze", "rocwheels analyze_wheel", _task("analyze", with_out=False)),
     Measurement("inspect", "rocwheels inspect (the command)", lambda wheel, out, log: [PYTHON, "-m", "pipeline", "inspect", str(wheel)]),
@@ -180,29 +185,30 @@ def _measure_wheel(wheel: Path, run_dir: Path, repeat: int) -> tuple[dict[str, l
     # Round robin, so drift (page cache, a neighbour's load) spreads over all measurements alike.
     for round_ in range(1, repeat + 1):
         for m in MEASUREMENTS:
-            out, logs = run_dir / "out" / m.key, run_dir / f"logs-{round_}"
-            shutil.rmtree(out, ignore_errors=True)
-            out.mkdir(parents=True)
-            logs.mkdir(exist_ok=True)
-            result_file, log = logs / f"{m.key}.json", logs / f"{m.key}.log"
-            run_env = {**env, **m.env}
-            if m.fresh_cache:
-                run_env["ROCWHEELS_CACHE"] = str(run_dir / f"empty-cache-{round_}-{m.key}")
-            command = m.command(fixed if m.fixed else wheel, out, logs / f"{m.key}.repair.log")
-            os.sync()  # the previous run's dirty pages are written back now, not during this one
-            subprocess.run([PYTHON, str(HERE / "measure.py"), str(result_file), str(log), "--", *command], env=run_env, check=True)
-            result = json.loads(result_file.read_text())
-            if result["returncode"] != 0:
-                raise RocwheelsError(f"{m.label} failed with exit code {result['returncode']}: {' '.join(command)}",
-                                     fix=f"see its output in {log}")
-            outputs = sorted(out.glob("*.whl"))
-            result["output_mb"] = sum(p.stat().st_size for p in outputs) / MB if outputs else None
-            result["load_average"] = os.getloadavg()[0]
-            results[m.key].append(result)
-            if outputs:
-                kept[m.key] = outputs[0]
-            print(f"  round {round_}/{repeat}  {m.label:<48} {result['seconds']:7.2f} s  {result['maxrss_mb']:7.1f} MB"
-                  f"  (load {result['load_average']:.1f})", flush=True)
+            for _ in range(m.samples):
+                out, logs = run_dir / "out" / m.key, run_dir / f"logs-{round_}"
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir(parents=True)
+                logs.mkdir(exist_ok=True)
+                result_file, log = logs / f"{m.key}.json", logs / f"{m.key}.log"
+                run_env = {**env, **m.env}
+                if m.fresh_cache:
+                    run_env["ROCWHEELS_CACHE"] = str(run_dir / f"empty-cache-{round_}-{m.key}")
+                command = m.command(fixed if m.fixed else wheel, out, logs / f"{m.key}.repair.log")
+                os.sync()  # the previous run's dirty pages are written back now, not during this one
+                subprocess.run([PYTHON, str(HERE / "measure.py"), str(result_file), str(log), "--", *command], env=run_env, check=True)
+                result = json.loads(result_file.read_text())
+                if result["returncode"] != 0:
+                    raise RocwheelsError(f"{m.label} failed with exit code {result['returncode']}: {' '.join(command)}",
+                                         fix=f"see its output in {log}")
+                outputs = sorted(out.glob("*.whl"))
+                result["output_mb"] = sum(p.stat().st_size for p in outputs) / MB if outputs else None
+                result["load_average"] = os.getloadavg()[0]
+                results[m.key].append(result)
+                if outputs:
+                    kept[m.key] = outputs[0]
+                print(f"  round {round_}/{repeat}  {m.label:<48} {result['seconds']:7.2f} s  {result['maxrss_mb']:7.1f} MB"
+                      f"  (load {result['load_average']:.1f})", flush=True)
     problems = _compare_with_auditwheel(wheel, kept["repair"], kept["auditwheel-repair"])
     problems += [f"the no-change wheel was not copied as it is ({key})" for key in ("repair-fixed", "repair-fixed-judged")
                  if _sha256(kept[key]) != _sha256(fixed)]
