@@ -8,6 +8,7 @@ repair`` runs after analysing), for the auditwheel versions ``pyproject.toml`` a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sysconfig
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -181,19 +182,14 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     # auditwheel reads LD_LIBRARY_PATH once per process (an lru_cache); a long-lived process may
     # have changed it since.
     load_ld_paths.cache_clear()
-    # Its warnings ("ignoring: Kernels.co with unknown architecture": GPU code objects) are noise here.
-    auditwheel_log = logging.getLogger("auditwheel")
-    level = auditwheel_log.level
-    auditwheel_log.setLevel(logging.ERROR)
     try:
-        abi = analyze_wheel_abi(libc, architecture, wheel, frozenset(excludes), disable_isa_ext_check=False,
-                                allow_graft=True, requested_policy_base_name=base or "auto")
+        with _auditwheel_quiet():
+            abi = analyze_wheel_abi(libc, architecture, wheel, frozenset(excludes), disable_isa_ext_check=False,
+                                    allow_graft=True, requested_policy_base_name=base or "auto")
     except NonPlatformWheelError:
         raise _no_compiled_code(wheel) from None
     except RuntimeError as exc:
         raise (_purelib(wheel) if "purelib" in str(exc) else _failed(wheel, str(exc))) from None
-    finally:
-        auditwheel_log.setLevel(level)
     policies = abi.policies
     if plat:
         try:
@@ -229,6 +225,19 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     return Verdict(policy.name, grafts)
 
 
+@contextlib.contextmanager
+def _auditwheel_quiet() -> Iterator[None]:
+    """auditwheel's log at errors only: its warnings ("ignoring: Kernels.co with unknown
+    architecture": GPU code objects) are noise here."""
+    log = logging.getLogger("auditwheel")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _member(path: Path, members: Sequence[str]) -> str:
     """The member name of a file auditwheel unpacked (it names them relative to its folder)."""
     text = path.as_posix()
@@ -240,16 +249,12 @@ def _graft(judged: Path, part: Path, out: Path) -> Path:
     abi, policy = _ANALYSES.pop(str(judged))
     # What `auditwheel repair --plat <tag> --only-plat` passes (its defaults: `.libs`, patchelf, no strip).
     patcher = ElfPatcher.get_patcher("patchelf", policy.name)
-    auditwheel_log = logging.getLogger("auditwheel")
-    level = auditwheel_log.level
-    auditwheel_log.setLevel(logging.ERROR)
     try:
-        written = repair_wheel(abi, part, abis=[policy.name, *policy.aliases], lib_sdir=".libs", out_dir=out,
-                               update_tags=True, patcher=patcher, strip=False, zip_compression_level=ZIP_LEVEL)
+        with _auditwheel_quiet():
+            written = repair_wheel(abi, part, abis=[policy.name, *policy.aliases], lib_sdir=".libs", out_dir=out,
+                                   update_tags=True, patcher=patcher, strip=False, zip_compression_level=ZIP_LEVEL)
     except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         raise _failed(judged, str(exc)) from None
-    finally:
-        auditwheel_log.setLevel(level)
     if written is None:
         raise _failed(judged, "auditwheel found nothing to graft after all")
     return written

@@ -341,14 +341,14 @@ def _remember(marker: Path, fingerprint: str, path: Path, identity: str) -> None
     for its index, a file whose change time is not older than the note is left out: a write in the
     same tick of the file system's clock would not move it."""
     note = _read_note(marker)
-    files = [file for file in (note[1] if note and note[0] == fingerprint else []) if file != identity]
+    files = [file for file in (note[1] if note and note[0] == fingerprint else []) if file != identity][-_NOTED_FILES:]
     marker.parent.mkdir(parents=True, exist_ok=True)
     temp = marker.with_name(f".{marker.name}.{os.getpid()}")
     try:
-        temp.write_text("\n".join([fingerprint, *files[-_NOTED_FILES:], identity]) + "\n", encoding="ascii")
+        temp.write_text("\n".join([fingerprint, *files, identity]) + "\n", encoding="ascii")
         if _identity(path) != identity or int(identity.rsplit(":", 1)[1]) >= temp.stat().st_mtime_ns:
             # changed meanwhile, or changed too recently to vouch for
-            temp.write_text("\n".join([fingerprint, *files[-_NOTED_FILES:]]) + "\n", encoding="ascii")
+            temp.write_text("\n".join([fingerprint, *files]) + "\n", encoding="ascii")
         os.replace(temp, marker)
     finally:
         temp.unlink(missing_ok=True)
