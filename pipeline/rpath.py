@@ -1,15 +1,24 @@
-"""Set or remove an ELF file's DT_RPATH in place, where that needs no new room.
+"""Set or remove an ELF file's DT_RPATH in place, without rewriting the file.
 
 patchelf reads the whole file into memory and writes it out again: for a library of hundreds of MB
 that is most of a repair's time on a machine where page faults are dear (459 MB: 1.9 s, against
-0.15 s for a copy). Repair mostly shortens search paths (build-machine paths go, one ROCm folder
-stays) or removes them, which changes a few bytes: the string in ``.dynstr`` and the entries of
-``.dynamic``. Those are written here, in place; anything that needs room (a longer path, a file
-with no search path yet) is left to patchelf.
+0.15 s for a copy), and twice the library's size in memory while it grows one. Here only a few
+bytes change:
 
-The result is what ``patchelf --force-rpath --set-rpath`` or ``--remove-rpath`` gives the loader:
-one DT_RPATH with the new value (a DT_RUNPATH becomes it) or none of either. The old string's
-bytes past the new value become NULs.
+- when the new value fits in the old string, the string in ``.dynstr`` and the entries of
+  ``.dynamic`` are overwritten;
+- otherwise (a longer path, a library with no search path yet) the string table is copied, with
+  the new string at its end, into a new read-only segment appended to the file. ``DT_STRTAB``,
+  ``DT_STRSZ`` and the ``.dynstr`` section header point at the copy; every old string keeps its
+  offset. The program header table gains the new segment's entry where it is, as patchelf grows
+  it: the sections that entry overlaps (a note, a hash table) move to the new segment too, with
+  every header and dynamic entry that points at them. A new dynamic entry takes one of the spare
+  DT_NULL slots GNU ld leaves at the end of ``.dynamic``.
+
+Anything else (not 64-bit little-endian, an executable, no section headers, no spare slot, what
+would move is not read-only data) is left to patchelf. The result is what ``patchelf --force-rpath --set-rpath`` or
+``--remove-rpath`` gives the loader: one DT_RPATH with the new value (a DT_RUNPATH becomes it) or
+none of either.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import os
 import struct
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,17 +38,31 @@ _SEARCH_PATHS = (DT_RPATH, DT_RUNPATH)
 # Dynamic entries whose value is an offset into the dynamic string table (the ELF gABI, and
 # DT_AUXILIARY, DT_FILTER, DT_CONFIG, DT_DEPAUDIT, DT_AUDIT of GNU/Solaris).
 _STRING_TAGS = frozenset({DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH, 0x7FFFFFFD, 0x7FFFFFFF, 0x6FFFFEFA, 0x6FFFFEFB, 0x6FFFFEFC})
-_ENTRY = struct.Struct("<qQ")  # Elf64_Dyn, little-endian: the only kind edited here
-_SYMBOL_NAMES = struct.Struct("<I20x")  # st_name of each Elf64_Sym
+# ELF64 little-endian structures, the only kind edited here: Elf64_Dyn, Elf64_Phdr, Elf64_Sym's
+# st_name, Elf64_Shdr, and e_phnum of Elf64_Ehdr.
+_ENTRY = struct.Struct("<qQ")
+_PHDR = struct.Struct("<IIQQQQQQ")
+_SYMBOL_NAMES = struct.Struct("<I20x")
+_SHDR = struct.Struct("<IIQQQQIIQQ")
+_HALF = struct.Struct("<H")
+_E_PHNUM = 0x38  # where the ELF header counts the program headers
+PT_LOAD, PT_INTERP, PT_PHDR, PF_R = 1, 3, 6, 4
+SHT_STRTAB, SHT_NOBITS, SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 3, 8, 1, 2, 4
+# Dynamic entries whose value is an address (d_ptr): PLTGOT, HASH, STRTAB, SYMTAB, RELA, INIT, FINI,
+# REL, DEBUG, JMPREL, INIT_ARRAY, FINI_ARRAY, PREINIT_ARRAY, RELR, and GNU's GNU_HASH, TLSDESC_PLT,
+# TLSDESC_GOT, GNU_CONFLICT, GNU_LIBLIST, PLTPAD, MOVETAB, SYMINFO, VERSYM, VERDEF, VERNEED.
+_POINTER_TAGS = frozenset({3, 4, 5, 6, 7, 12, 13, 17, 21, 23, 25, 26, 32, 36, 0x6FFFFEF5, 0x6FFFFEF6, 0x6FFFFEF7, 0x6FFFFEF8,
+                           0x6FFFFEF9, 0x6FFFFEFD, 0x6FFFFEFE, 0x6FFFFEFF, 0x6FFFFFF0, 0x6FFFFFFC, 0x6FFFFFFE})
 # Tables of names in .dynstr, by the dynamic entry that announces them: DT_SYMTAB, DT_VERNEED, DT_VERDEF.
 _NAME_TABLES = {6: ".dynsym", 0x6FFFFFFE: ".gnu.version_r", 0x6FFFFFFC: ".gnu.version_d"}
+
+Writes = list[tuple[int, bytes]]  # (file offset, bytes)
 
 
 def set_rpath_in_place(path: Path, entries: Sequence[str]) -> bool:
     """Make ``path``'s search path one DT_RPATH of ``entries`` (none at all when empty), in place.
 
-    False, with the file untouched, when that needs more room than the file has (patchelf's job)
-    or the file is not one this handles (not 64-bit little-endian, strings shared with others).
+    False, with the file untouched, when the file is not one this handles (see the module).
     """
     value = ":".join(entries).encode()
     with open(path, "r+b") as file:
@@ -48,13 +72,50 @@ def set_rpath_in_place(path: Path, entries: Sequence[str]) -> bool:
             return False
         if edit is None:
             return False
+        # The appended segment first: until the headers point at it, it is inert.
         for offset, data in edit:
             os.pwrite(file.fileno(), data, offset)
     return True
 
 
-def _plan(file: BinaryIO, value: bytes) -> list[tuple[int, bytes]] | None:
-    """The writes (file offset, bytes) that give ``file`` the search path ``value``, or None."""
+@dataclass(frozen=True)
+class _Dynamic:
+    """The parts of a file's dynamic linking that a search path lives in."""
+
+    elf: ELFFile
+    segments: list[Any]
+    offset: int  # of the .dynamic table in the file
+    entries: list[tuple[int, int]]  # (tag, value) up to the first DT_NULL
+    slots: int  # entries the table has room for, DT_NULLs included
+    strtab: int  # file offset of the string table
+    strings: bytes
+
+    def table(self, entries: list[tuple[int, int]]) -> tuple[int, bytes]:
+        """The write that gives .dynamic ``entries``, ended and padded with DT_NULL."""
+        padded = entries + [(DT_NULL, 0)] * (max(len(self.entries) + 1, len(entries) + 1) - len(entries))
+        return self.offset, b"".join(_ENTRY.pack(*entry) for entry in padded)
+
+
+def _plan(file: BinaryIO, value: bytes) -> Writes | None:
+    """The writes that give ``file`` the search path ``value``, or None."""
+    dynamic = _read_dynamic(file)
+    if dynamic is None:
+        return None
+    entries = dynamic.entries
+    search = [i for i, (tag, _) in enumerate(entries) if tag in _SEARCH_PATHS]
+    if not value:
+        return [dynamic.table([entry for entry in entries if entry[0] not in _SEARCH_PATHS])]
+    # The entry kept is the one with the most room; the others go, as patchelf removes them.
+    lengths = {i: dynamic.strings.index(b"\0", entries[i][1]) - entries[i][1] for i in search}
+    kept = max(search, key=lambda i: lengths[i]) if search else None
+    if kept is not None and len(value) <= lengths[kept] and _only_reference(dynamic.elf, entries, kept, lengths[kept]):
+        start = entries[kept][1]
+        string = (dynamic.strtab + start, value + b"\0" * (lengths[kept] - len(value) + 1))
+        return [string, dynamic.table(_with_search_path(entries, kept, start))]
+    return _append(file, dynamic, value, kept)
+
+
+def _read_dynamic(file: BinaryIO) -> _Dynamic | None:
     elf = ELFFile(file)
     if elf.elfclass != 64 or not elf.little_endian:
         return None
@@ -68,29 +129,105 @@ def _plan(file: BinaryIO, value: bytes) -> list[tuple[int, bytes]] | None:
     end = next((i for i, (tag, _) in enumerate(entries) if tag == DT_NULL), None)
     if end is None:
         return None
-    entries = entries[:end]
-    search = [i for i, (tag, _) in enumerate(entries) if tag in _SEARCH_PATHS]
-    if not search:
-        return None  # a new entry and string: room only patchelf can make
-    tags = dict(entries)
+    tags = dict(entries[:end])
     strtab = _file_offset(segments, tags.get(DT_STRTAB))
     if strtab is None or DT_STRSZ not in tags:
         return None
     file.seek(strtab)
     strings = file.read(tags[DT_STRSZ])
-    # The entry kept is the one with the most room; the others go, as patchelf removes them.
-    lengths = {i: strings.index(b"\0", entries[i][1]) - entries[i][1] for i in search}
-    kept = max(search, key=lambda i: lengths[i]) if value else None
-    writes: list[tuple[int, bytes]] = []
-    if kept is not None:
-        start, length = entries[kept][1], lengths[kept]
-        if len(value) > length or not _only_reference(elf, entries, kept, start, length):
-            return None
-        writes.append((strtab + start, value + b"\0" * (length - len(value) + 1)))
-    new = [(DT_RPATH if i == kept else tag, val) for i, (tag, val) in enumerate(entries) if i == kept or tag not in _SEARCH_PATHS]
-    new += [(DT_NULL, 0)] * (len(entries) + 1 - len(new))
-    writes.append((dynamic["p_offset"], b"".join(_ENTRY.pack(*entry) for entry in new)))
-    return writes
+    return _Dynamic(elf, segments, dynamic["p_offset"], entries[:end], len(entries), strtab, strings)
+
+
+def _with_search_path(entries: list[tuple[int, int]], kept: int | None, string: int) -> list[tuple[int, int]]:
+    """``entries`` with one DT_RPATH at ``string``: entry ``kept`` becomes it, other search paths go."""
+    new = [(DT_RPATH, string) if i == kept else entry for i, entry in enumerate(entries) if i == kept or entry[0] not in _SEARCH_PATHS]
+    return new if kept is not None else new + [(DT_RPATH, string)]
+
+
+def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -> Writes | None:
+    """The writes that give ``file`` a copy of its string table, ``value`` at its end, in a new segment."""
+    header = dynamic.elf.header
+    if header["e_type"] != "ET_DYN" or header["e_phentsize"] != _PHDR.size or header["e_shentsize"] != _SHDR.size or not header["e_shnum"]:
+        return None
+    phdrs = _read_table(file, header["e_phoff"], header["e_phnum"], _PHDR)
+    shdrs = _read_table(file, header["e_shoff"], header["e_shnum"], _SHDR)
+    loads = [i for i, phdr in enumerate(phdrs) if phdr[0] == PT_LOAD]
+    strtab = next((i for i, shdr in enumerate(shdrs) if shdr[1] == SHT_STRTAB and shdr[3] == dict(dynamic.entries)[DT_STRTAB]), None)
+    # The program header table grows where it is (strip, for one, expects it in the first segment).
+    grown = header["e_phoff"] + (len(phdrs) + 1) * _PHDR.size
+    first = next((phdrs[i] for i in loads if phdrs[i][2] <= header["e_phoff"] and grown <= phdrs[i][2] + phdrs[i][5]), None)
+    # An executable's program headers are also read by the kernel: those stay patchelf's.
+    if first is None or strtab is None or any(phdr[0] == PT_INTERP for phdr in phdrs):
+        return None
+    moved = _displaced(phdrs, shdrs, header["e_phoff"] + len(phdrs) * _PHDR.size, grown)
+    if moved is None or moved[1] > first[2] + first[5]:
+        return None
+    low, high = moved
+    to_memory = first[3] - first[2]  # from a file offset to its address, in the first segment
+    # The new segment: past the file's end and every segment's addresses, at an offset and address
+    # congruent modulo the segments' alignment (as the loader maps pages) and to the moved bytes'.
+    align = max(phdrs[i][7] for i in loads) or 1
+    offset = _round_up(os.fstat(file.fileno()).st_size, align) + low % align
+    address = _round_up(max(phdrs[i][3] + phdrs[i][5] for i in loads), align) + low % align
+    by_offset, by_address = offset - low, address - (low + to_memory)
+    file.seek(low)
+    block = file.read(high - low)
+    table = dynamic.strings + value + b"\0"
+    new_strtab = {DT_STRTAB: address + len(block), DT_STRSZ: len(table)}
+    entries = [
+        (tag, new_strtab.get(tag, val + by_address if tag in _POINTER_TAGS and low <= val - to_memory < high else val))
+        for tag, val in dynamic.entries
+    ]
+    entries = _with_search_path(entries, kept, len(dynamic.strings))
+    if len(entries) + 1 > dynamic.slots:
+        return None  # no spare DT_NULL for the new entry
+    for phdr in phdrs:
+        if phdr[0] == PT_PHDR:
+            phdr[5:7] = [grown - header["e_phoff"]] * 2
+        elif phdr[0] != PT_LOAD and low <= phdr[2] < high:
+            phdr[2:5] = [phdr[2] + by_offset, phdr[3] + by_address, phdr[4] + by_address]
+    size = len(block) + len(table)
+    # Loadable segments stay sorted by address, as the loader expects.
+    phdrs.insert(loads[-1] + 1, [PT_LOAD, PF_R, offset, address, address, size, size, align])
+    for shdr in shdrs:
+        if shdr[5] and low <= shdr[4] < high:
+            shdr[3:5] = [shdr[3] + by_address, shdr[4] + by_offset]
+    shdrs[strtab][3:6] = [address + len(block), offset + len(block), len(table)]
+    # The new segment first: until the headers point at it, it is inert.
+    return [
+        (offset, block + table),
+        (header["e_shoff"], b"".join(_SHDR.pack(*shdr) for shdr in shdrs)),
+        dynamic.table(entries),
+        (header["e_phoff"], b"".join(_PHDR.pack(*phdr) for phdr in phdrs)),
+        (_E_PHNUM, _HALF.pack(len(phdrs))),
+    ]
+
+
+def _read_table(file: BinaryIO, offset: int, count: int, entry: struct.Struct) -> list[list[int]]:
+    file.seek(offset)
+    return [list(fields) for fields in entry.iter_unpack(file.read(count * entry.size))]
+
+
+def _displaced(phdrs: list[list[int]], shdrs: list[list[int]], start: int, end: int) -> tuple[int, int] | None:
+    """The file range of the sections and notes that the bytes [start, end) overlap, widened until
+    nothing lies across its ends; empty at ``end`` when nothing is there. None when what would move
+    cannot (it is not read-only loaded data, or it begins before ``start``)."""
+    spans = [(shdr[4], shdr[4] + shdr[5], shdr[2]) for shdr in shdrs if shdr[1] != SHT_NOBITS and shdr[5]]
+    spans += [(phdr[2], phdr[2] + phdr[5], SHF_ALLOC) for phdr in phdrs if phdr[0] not in (PT_LOAD, PT_PHDR) and phdr[5]]
+    low, high = end, end
+    reach = (start, end)
+    while hit := [span for span in spans if span[0] < reach[1] and span[1] > reach[0]]:
+        low, high = min(span[0] for span in hit), max(span[1] for span in hit)
+        if (min(start, low), max(end, high)) == reach:
+            break
+        reach = (min(start, low), max(end, high))
+    if low < start or any(flags & (SHF_WRITE | SHF_EXECINSTR) or not flags & SHF_ALLOC for a, b, flags in spans if low <= a < high):
+        return None
+    return low, high
+
+
+def _round_up(number: int, multiple: int) -> int:
+    return -(-number // multiple) * multiple
 
 
 def _file_offset(segments: list[Any], address: int | None) -> int | None:
@@ -101,14 +238,15 @@ def _file_offset(segments: list[Any], address: int | None) -> int | None:
     return None
 
 
-def _only_reference(elf: ELFFile, entries: list[tuple[int, int]], kept: int, start: int, length: int) -> bool:
-    """Whether nothing but entry ``kept`` uses the string bytes [start, start + length]: a linker
+def _only_reference(elf: ELFFile, entries: list[tuple[int, int]], kept: int, length: int) -> bool:
+    """Whether nothing but entry ``kept`` uses the ``length`` bytes of its string (and their NUL): a linker
     may share a string's tail with another name (a DT_NEEDED, a symbol, a version). False too when
     the tables naming them cannot be found (no section headers)."""
     tags = {tag for tag, _ in entries}
     for tag, section in _NAME_TABLES.items():
         if tag in tags and elf.get_section_by_name(section) is None:
             return False
+    start = entries[kept][1]
     others = (val for i, (tag, val) in enumerate(entries) if i != kept and tag in _STRING_TAGS)
     return not any(start <= offset <= start + length for offset in (*others, *_name_offsets(elf)))
 

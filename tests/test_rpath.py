@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import shutil
 import subprocess
 import sys
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 from elf_builds import Elf, build
+from elftools.elf.elffile import ELFFile
 
+from pipeline.cmd import run
 from pipeline.elf import read_elf
 from pipeline.repair import _patchelf
 from pipeline.rpath import set_rpath_in_place
@@ -56,24 +59,61 @@ def test_a_path_is_removed_in_place(tmp_path: Path, kind: str) -> None:
     assert not _loads(top)
 
 
-def test_what_needs_room_is_left_to_patchelf_untouched(tmp_path: Path) -> None:
-    top, dep = _top(tmp_path, rpath="/short")
-    none, _ = _top(tmp_path / "none")
-    for library, value in ((top, [str(dep), "/opt/rocm/lib"]), (none, ["/opt/rocm/lib"])):
+def _lld() -> str | None:
+    """A folder holding ld.lld (LLVM's linker, which leaves no spare dynamic entries), if any."""
+    found = shutil.which("ld.lld") or next(iter(sorted(glob.glob("/usr/lib/llvm-*/bin/ld.lld"))), None)
+    return str(Path(found).parent) if found else None
+
+
+def _with_lld(library: Path, dep: Path, *flags: str) -> None:
+    """Link ``library`` again with ld.lld, needing ``dep``'s libdep.so."""
+    source = library.with_name(library.name + ".c")
+    run(["gcc", "-shared", "-fPIC", source, "-o", library, "-fuse-ld=lld", f"-B{_lld()}", f"-L{dep}", "-l:libdep.so", *flags])
+
+
+@pytest.mark.parametrize("search", [{}, {"rpath": "/short"}, {"runpath": "/short"}, {"lld": "/short"}])
+def test_a_path_that_needs_room_is_set_in_a_new_segment(tmp_path: Path, search: dict[str, str]) -> None:
+    top, dep = _top(tmp_path, **{kind: value for kind, value in search.items() if kind != "lld"})
+    if "lld" in search:
+        if _lld() is None:
+            pytest.skip("no ld.lld here")
+        _with_lld(top, dep, "-Wl,-rpath,/short")
+    wanted = [str(dep), "$ORIGIN/../a/longer/folder/than/any/before"]
+    size, needed = top.stat().st_size, read_elf(top, with_fatbin=False).needed
+
+    assert set_rpath_in_place(top, wanted)
+
+    info = read_elf(top, with_fatbin=False)
+    assert (info.rpath, info.runpath, info.needed) == (tuple(wanted), (), needed)
+    with open(top, "rb") as file:
+        elf = ELFFile(file)
+        table = elf.header["e_phnum"] * elf.header["e_phentsize"]
+        assert all(s["p_filesz"] == s["p_memsz"] == table for s in elf.iter_segments() if s["p_type"] == "PT_PHDR")
+    # The file grew by the new segment only: nothing was rewritten.
+    assert size < top.stat().st_size < size + 64 * 1024
+    assert _loads(top)
+    printed = subprocess.run([_patchelf(), "--print-rpath", top], capture_output=True, text=True, check=True)
+    assert printed.stdout.strip() == ":".join(wanted)
+    # Tools that rewrite the file keep it working: strip, and patchelf setting a path again.
+    stripped = top.with_name("stripped.so")
+    run(["strip", "-o", stripped, top])
+    assert _loads(stripped)
+    subprocess.run([_patchelf(), "--force-rpath", "--set-rpath", f"{dep}:/{'x' * 200}", top], check=True)
+    assert _loads(top)
+
+
+def test_what_this_cannot_give_room_is_left_to_patchelf_untouched(tmp_path: Path) -> None:
+    # A program (the kernel reads its program headers too), and a library with no spare dynamic entry.
+    built = build((Elf("bin/program", needs=("dep/libdep.so",), program=True), Elf("dep/libdep.so")), tmp_path / "build")
+    libraries = [built["bin/program"]]
+    if _lld() is not None:
+        top, dep = _top(tmp_path / "lld")
+        _with_lld(top, dep)
+        libraries.append(top)
+    for library in libraries:
         before = library.read_bytes()
-        assert not set_rpath_in_place(library, value)
+        assert not set_rpath_in_place(library, ["/opt/rocm/lib"])
         assert library.read_bytes() == before
-
-
-def test_a_path_sharing_its_bytes_with_another_name_is_left_to_patchelf(tmp_path: Path) -> None:
-    # A folder named like the library needed: the linker may store the name once, as the path's tail.
-    top, dep = _top(tmp_path, rpath="/opt/lib/libdep.so")
-    needed_at = top.read_bytes().count(b"libdep.so\0")
-    before = top.read_bytes()
-    if needed_at != 1:
-        pytest.skip("this linker stored the name twice: nothing shared")
-    assert not set_rpath_in_place(top, ["/x"])
-    assert top.read_bytes() == before
 
 
 def test_a_file_that_is_not_elf_is_left_alone(tmp_path: Path) -> None:
