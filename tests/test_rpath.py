@@ -102,6 +102,18 @@ def test_a_path_that_needs_room_is_set_in_a_new_segment(tmp_path: Path, search: 
     assert _loads(top)
 
 
+def test_a_path_set_in_a_new_segment_serves_musl_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    musl = (Elf("bin/program", needs=("top/libtop.so",), rpath="{build}/top", musl=True, program=True),
+            Elf("top/libtop.so", needs=("dep/libdep.so",), musl=True), Elf("dep/libdep.so", musl=True))
+    # Where the linker, not the loader, finds libdep.so for the program (which does not need it itself).
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "build" / "dep"))
+    built = build(musl, tmp_path / "build")
+    program = built["bin/program"]
+    assert subprocess.run([program], capture_output=True, env={}).returncode != 0
+    assert set_rpath_in_place(built["top/libtop.so"], [str(built["dep/libdep.so"].parent), "/a/longer/path/than/none"])
+    assert subprocess.run([program], capture_output=True, env={}).returncode == 0
+
+
 def test_what_this_cannot_give_room_is_left_to_patchelf_untouched(tmp_path: Path) -> None:
     # A program (the kernel reads its program headers too), and a library with no spare dynamic entry.
     built = build((Elf("bin/program", needs=("dep/libdep.so",), program=True), Elf("dep/libdep.so")), tmp_path / "build")
