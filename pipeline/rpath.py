@@ -44,6 +44,9 @@ _ENTRY = struct.Struct("<qQ")
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SYMBOL_NAMES = struct.Struct("<I20x")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
+# Where the fields used lie in a program header and a section header, as unpacked.
+_P_TYPE, _P_OFFSET, _P_VADDR, _P_PADDR, _P_FILESZ, _P_MEMSZ, _P_ALIGN = 0, 2, 3, 4, 5, 6, 7
+_SH_TYPE, _SH_FLAGS, _SH_ADDR, _SH_OFFSET, _SH_SIZE = 1, 2, 3, 4, 5
 _HALF = struct.Struct("<H")
 _E_PHNUM = 0x38  # where the ELF header counts the program headers
 PT_LOAD, PT_INTERP, PT_PHDR, PF_R = 1, 3, 6, 4
@@ -151,24 +154,26 @@ def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -
         return None
     phdrs = _read_table(file, header["e_phoff"], header["e_phnum"], _PHDR)
     shdrs = _read_table(file, header["e_shoff"], header["e_shnum"], _SHDR)
-    loads = [i for i, phdr in enumerate(phdrs) if phdr[0] == PT_LOAD]
-    strtab = next((i for i, shdr in enumerate(shdrs) if shdr[1] == SHT_STRTAB and shdr[3] == dict(dynamic.entries)[DT_STRTAB]), None)
+    loads = [phdr for phdr in phdrs if phdr[_P_TYPE] == PT_LOAD]
+    strtab_address = dict(dynamic.entries)[DT_STRTAB]
+    strtab = next((i for i, shdr in enumerate(shdrs) if shdr[_SH_TYPE] == SHT_STRTAB and shdr[_SH_ADDR] == strtab_address), None)
     # The program header table grows where it is (strip, for one, expects it in the first segment).
     grown = header["e_phoff"] + (len(phdrs) + 1) * _PHDR.size
-    first = next((phdrs[i] for i in loads if phdrs[i][2] <= header["e_phoff"] and grown <= phdrs[i][2] + phdrs[i][5]), None)
+    first = next((load for load in loads if load[_P_OFFSET] <= header["e_phoff"] and grown <= load[_P_OFFSET] + load[_P_FILESZ]), None)
     # An executable's program headers are also read by the kernel: those stay patchelf's.
-    if first is None or strtab is None or any(phdr[0] == PT_INTERP for phdr in phdrs):
+    if first is None or strtab is None or any(phdr[_P_TYPE] == PT_INTERP for phdr in phdrs):
         return None
     moved = _displaced(phdrs, shdrs, header["e_phoff"] + len(phdrs) * _PHDR.size, grown)
-    if moved is None or moved[1] > first[2] + first[5]:
+    if moved is None or moved[1] > first[_P_OFFSET] + first[_P_FILESZ]:
         return None
     low, high = moved
-    to_memory = first[3] - first[2]  # from a file offset to its address, in the first segment
-    # The new segment: past the file's end and every segment's addresses, at an offset and address
-    # congruent modulo the segments' alignment (as the loader maps pages) and to the moved bytes'.
-    align = max(phdrs[i][7] for i in loads) or 1
+    to_memory = first[_P_VADDR] - first[_P_OFFSET]  # from a file offset to its address, in the first segment
+    # The new segment: past the file's end and every segment's memory (.bss included), at an offset
+    # and address congruent modulo the segments' alignment (as the loader maps pages) and to the
+    # moved bytes'.
+    align = max(load[_P_ALIGN] for load in loads) or 1
     offset = _round_up(os.fstat(file.fileno()).st_size, align) + low % align
-    address = _round_up(max(phdrs[i][3] + phdrs[i][5] for i in loads), align) + low % align
+    address = _round_up(max(load[_P_VADDR] + load[_P_MEMSZ] for load in loads), align) + low % align
     by_offset, by_address = offset - low, address - (low + to_memory)
     file.seek(low)
     block = file.read(high - low)
@@ -182,17 +187,20 @@ def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -
     if len(entries) + 1 > dynamic.slots:
         return None  # no spare DT_NULL for the new entry
     for phdr in phdrs:
-        if phdr[0] == PT_PHDR:
-            phdr[5:7] = [grown - header["e_phoff"]] * 2
-        elif phdr[0] != PT_LOAD and low <= phdr[2] < high:
-            phdr[2:5] = [phdr[2] + by_offset, phdr[3] + by_address, phdr[4] + by_address]
+        if phdr[_P_TYPE] == PT_PHDR:
+            phdr[_P_FILESZ] = phdr[_P_MEMSZ] = grown - header["e_phoff"]
+        elif phdr[_P_TYPE] != PT_LOAD and low <= phdr[_P_OFFSET] < high:
+            phdr[_P_OFFSET] += by_offset
+            phdr[_P_VADDR] += by_address
+            phdr[_P_PADDR] += by_address
     size = len(block) + len(table)
     # Loadable segments stay sorted by address, as the loader expects.
-    phdrs.insert(loads[-1] + 1, [PT_LOAD, PF_R, offset, address, address, size, size, align])
+    phdrs.insert(phdrs.index(loads[-1]) + 1, [PT_LOAD, PF_R, offset, address, address, size, size, align])
     for shdr in shdrs:
-        if shdr[5] and low <= shdr[4] < high:
-            shdr[3:5] = [shdr[3] + by_address, shdr[4] + by_offset]
-    shdrs[strtab][3:6] = [address + len(block), offset + len(block), len(table)]
+        if shdr[_SH_SIZE] and low <= shdr[_SH_OFFSET] < high:
+            shdr[_SH_ADDR] += by_address
+            shdr[_SH_OFFSET] += by_offset
+    shdrs[strtab][_SH_ADDR], shdrs[strtab][_SH_OFFSET], shdrs[strtab][_SH_SIZE] = address + len(block), offset + len(block), len(table)
     # The new segment first: until the headers point at it, it is inert.
     return [
         (offset, block + table),
@@ -212,8 +220,10 @@ def _displaced(phdrs: list[list[int]], shdrs: list[list[int]], start: int, end: 
     """The file range of the sections and notes that the bytes [start, end) overlap, widened until
     nothing lies across its ends; empty at ``end`` when nothing is there. None when what would move
     cannot (it is not read-only loaded data, or it begins before ``start``)."""
-    spans = [(shdr[4], shdr[4] + shdr[5], shdr[2]) for shdr in shdrs if shdr[1] != SHT_NOBITS and shdr[5]]
-    spans += [(phdr[2], phdr[2] + phdr[5], SHF_ALLOC) for phdr in phdrs if phdr[0] not in (PT_LOAD, PT_PHDR) and phdr[5]]
+    spans = [(shdr[_SH_OFFSET], shdr[_SH_OFFSET] + shdr[_SH_SIZE], shdr[_SH_FLAGS])
+             for shdr in shdrs if shdr[_SH_TYPE] != SHT_NOBITS and shdr[_SH_SIZE]]
+    spans += [(phdr[_P_OFFSET], phdr[_P_OFFSET] + phdr[_P_FILESZ], SHF_ALLOC)
+              for phdr in phdrs if phdr[_P_TYPE] not in (PT_LOAD, PT_PHDR) and phdr[_P_FILESZ]]
     low, high = end, end
     reach = (start, end)
     while hit := [span for span in spans if span[0] < reach[1] and span[1] > reach[0]]:
@@ -221,7 +231,7 @@ def _displaced(phdrs: list[list[int]], shdrs: list[list[int]], start: int, end: 
         if (min(start, low), max(end, high)) == reach:
             break
         reach = (min(start, low), max(end, high))
-    if low < start or any(flags & (SHF_WRITE | SHF_EXECINSTR) or not flags & SHF_ALLOC for a, b, flags in spans if low <= a < high):
+    if low < start or any(flags & (SHF_WRITE | SHF_EXECINSTR) or not flags & SHF_ALLOC for begin, _, flags in spans if low <= begin < high):
         return None
     return low, high
 

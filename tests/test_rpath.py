@@ -6,6 +6,7 @@ import glob
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -89,10 +90,7 @@ def test_a_path_that_needs_room_is_set_in_a_new_segment(tmp_path: Path, search: 
 
     info = read_elf(top, with_fatbin=False)
     assert (info.rpath, info.runpath, info.needed) == (tuple(wanted), (), needed)
-    with open(top, "rb") as file:
-        elf = ELFFile(file)
-        table = elf.header["e_phnum"] * elf.header["e_phentsize"]
-        assert all(s["p_filesz"] == s["p_memsz"] == table for s in elf.iter_segments() if s["p_type"] == "PT_PHDR")
+    _assert_sound_headers(top)
     # The file grew by the new segment only: nothing was rewritten.
     assert size < top.stat().st_size < size + 64 * 1024
     assert _loads(top)
@@ -104,6 +102,57 @@ def test_a_path_that_needs_room_is_set_in_a_new_segment(tmp_path: Path, search: 
     assert _loads(stripped)
     subprocess.run([_patchelf(), "--force-rpath", "--set-rpath", f"{dep}:/{'x' * 200}", top], check=True)
     assert _loads(top)
+
+
+def test_a_new_segment_leaves_the_zeroed_data_alone(tmp_path: Path) -> None:
+    # .bss runs pages past the end of the file's data: the new segment must go past it, or the
+    # loader maps it over what the library expects to be zeros.
+    source = tmp_path / "bss.c"
+    source.write_text("volatile char zeros[3 << 20];\n"
+                      "int untouched(void) { for (unsigned i = 0; i < sizeof zeros; i++) if (zeros[i]) return 0; return 1; }\n")
+    library = tmp_path / "libbss.so"
+    run(["gcc", "-shared", "-fPIC", "-O1", source, "-o", library])
+    assert set_rpath_in_place(library, ["/opt/rocm/lib"])
+    _assert_sound_headers(library)
+    check = f"import ctypes, sys; sys.exit(ctypes.CDLL({str(library)!r}).untouched() != 1)"
+    assert subprocess.run([sys.executable, "-c", check], env={}).returncode == 0
+
+
+def _system_libraries(count: int) -> list[Path]:
+    """Up to ``count`` of this machine's own shared libraries that load as they are, of all sizes."""
+    folder = Path("/usr/lib") / (sysconfig.get_config_var("MULTIARCH") or "")
+    found = sorted({path.resolve() for path in folder.glob("lib*.so*") if path.is_file()}, key=lambda path: path.stat().st_size)
+    step = max(1, len(found) // (count * 2))
+    return [path for path in found[::step] if _loads(path)][:count]
+
+
+def test_libraries_of_this_machine_keep_working_with_a_new_segment(tmp_path: Path) -> None:
+    libraries = _system_libraries(24)
+    if not libraries:
+        pytest.skip("no shared libraries found in this machine's library folder")
+    wanted = ["/opt/rocm/lib", "$ORIGIN/../a/folder/longer/than/any/search/path/these/libraries/carry"]
+    for original in libraries:
+        library = tmp_path / original.name
+        shutil.copy(original, library)
+        if not set_rpath_in_place(library, wanted):
+            continue  # left to patchelf (say, no spare dynamic entry)
+        _assert_sound_headers(library)
+        assert read_elf(library, with_fatbin=False).rpath == tuple(wanted), original
+        assert _loads(library), original
+        stripped = tmp_path / f"stripped-{original.name}"
+        run(["strip", "-o", stripped, library])
+        assert _loads(stripped), original
+
+
+def _assert_sound_headers(library: Path) -> None:
+    """Loadable segments sorted by address, none overlapping another in memory; PT_PHDR the size of the table."""
+    with open(library, "rb") as file:
+        elf = ELFFile(file)
+        segments = list(elf.iter_segments())
+        table = elf.header["e_phnum"] * elf.header["e_phentsize"]
+    assert all(s["p_filesz"] == s["p_memsz"] == table for s in segments if s["p_type"] == "PT_PHDR")
+    loads = [(s["p_vaddr"], s["p_vaddr"] + s["p_memsz"]) for s in segments if s["p_type"] == "PT_LOAD"]
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(loads, loads[1:]))
 
 
 def test_a_path_set_in_a_new_segment_serves_musl_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
