@@ -22,7 +22,8 @@ import tempfile
 import threading
 import zipfile
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from .errors import RocwheelsError
 
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
+_BEHIND_FROM = 16 << 20  # a member this large is hashed beside its inflating (a thread costs ~0.1 ms)
 _WINDOW = 32 << 10  # deflate's dictionary: what a chunk may refer back to in the previous one
 _LIMIT = 0xFFFFFFFF
 _COUNT_LIMIT = 0xFFFF
@@ -162,21 +164,27 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
             raise zipfile.BadZipFile(f"{source.name}: {info.filename} uses compression method {info.compress_type}")
         crc = 0
         digest = hashlib.sha256()
-        remaining = info.compress_size
-        while remaining:
-            block = raw.read(min(remaining, 1 << 20))
-            if not block:
-                raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
-            remaining -= len(block)
-            data = inflater.decompress(block) if inflater else block
-            crc = zlib_ng.crc32(data, crc)
+
+        def keep(data: bytes) -> None:
             digest.update(data)
             sink.write(data)
-        if inflater:
-            data = inflater.flush()
-            crc = zlib_ng.crc32(data, crc)
-            digest.update(data)
-            sink.write(data)
+
+        # A large member is hashed and written a block behind its inflating, in a thread of its own
+        # (both let go of the GIL): one member is often most of a wheel (jax: 459 MB, 1.7 -> 1.1 s).
+        with _one_behind(info.file_size >= _BEHIND_FROM) as later:
+            remaining = info.compress_size
+            while remaining:
+                block = raw.read(min(remaining, 1 << 20))
+                if not block:
+                    raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
+                remaining -= len(block)
+                data = inflater.decompress(block) if inflater else block
+                crc = zlib_ng.crc32(data, crc)
+                later(keep, data)
+            if inflater:
+                data = inflater.flush()
+                crc = zlib_ng.crc32(data, crc)
+                later(keep, data)
     if crc != info.CRC:
         raise zipfile.BadZipFile(f"{source.name}: {info.filename} fails its CRC check")
     if recorded.startswith("sha256=") and recorded != "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii"):
@@ -185,6 +193,27 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
     if target:
         mode = (info.external_attr >> 16) & 0o777
         target.chmod((mode or 0o644) | 0o600)  # stay writable: the caller may patch it
+
+
+@contextmanager
+def _one_behind(threaded: bool) -> Iterator[Callable[[Callable[[bytes], None], bytes], None]]:
+    """``later(work, data)``: ``work(data)`` in a thread of its own, in order, at most one call
+    behind the caller (so at most one block waits in memory); all done on leaving. Without
+    ``threaded``, at once."""
+    if not threaded:
+        yield lambda work, data: work(data)
+        return
+    with ThreadPoolExecutor(1) as worker:
+        pending: list[Future[None]] = []
+
+        def later(work: Callable[[bytes], None], data: bytes) -> None:
+            if pending:
+                pending.pop().result()
+            pending.append(worker.submit(work, data))
+
+        yield later
+        if pending:
+            pending.pop().result()
 
 
 def write_stored(dest: Path, files: Mapping[str, tuple[Path, int]], texts: Mapping[str, str]) -> Path:
