@@ -21,6 +21,7 @@ Read top to bottom as the steps:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -270,8 +271,10 @@ def repair_wheel(
             source = ahead_wheel or raw_wheel
             if retag:
                 final = rewrite_wheel(source, dest, replace=retag, compression_level=compression_level, threads=threads)
+            elif ahead_wheel:
+                final = _move(ahead_wheel, dest)
             else:
-                final = copy_file(source, dest)  # nothing (more) to change: the floor is a copy
+                final = copy_file(source, dest)  # nothing to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
     written = _identity(final)
     _remember(_repaired_marker(final.name, settings), piecewise_sha256(final), final, written)
@@ -282,6 +285,18 @@ def repair_wheel(
         patched_at - unpacked, analysed - patched_at, len(changed), len(added), time.monotonic() - analysed,
     )
     return final
+
+
+def _move(wheel: Path, dest: Path) -> Path:
+    """``wheel``, written by this repair in its temporary folder, to ``dest``: renamed where they
+    share a file system (a wheel of 1 GB is not copied again), else copied."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return wheel.replace(dest)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    return copy_file(wheel, dest)
 
 
 def _patch_ahead(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -232,6 +233,26 @@ def test_the_wheel_repair_wrote_is_copied_unless_changed_in_place(
         repair_wheel(written, tmp_path / "out", settings, log_file=tmp_path / "out.log")
     assert not (tmp_path / "out.log").exists()  # no "copied" note: judged, and refused
     assert not list((tmp_path / "out").glob("*"))
+
+
+def test_a_result_written_on_another_file_system_is_copied_into_the_wheelhouse(
+    repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    # The repaired wheel is written aside in the temporary folder and renamed into the wheelhouse,
+    # which another file system refuses: then it is copied.
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("no second file system (a tmpfs at /dev/shm) here")
+    monkeypatch.setattr(tempfile, "tempdir", str(shm))
+    monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
+    elsewhere = "/opt/rocm-elsewhere/lib"  # new RPATHs, the same tag and nothing to graft: the wheel set aside is the result
+    settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=elsewhere)
+    result = repair_wheel(repaired.wheel, tmp_path / "wheelhouse", settings)
+    assert result.name == repaired.wheel.name
+    check_wheel(result, verify_hashes=True)
+    extension = next(path for path in extract_wheel(result, tmp_path / "unpacked").rglob(f"*{EXT}"))
+    assert elsewhere in read_elf(extension, with_fatbin=False).rpath
+    assert not list(shm.glob("rocwheels-repair-*"))
 
 
 def test_a_script_without_a_main_guard_gets_the_fix(repaired: Repaired, tmp_path: Path) -> None:
