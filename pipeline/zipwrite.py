@@ -138,23 +138,27 @@ def extract_members(
         targets.update(dict.fromkeys(check_only))
         with zipfile.ZipFile(source) as archive:
             infos += [archive.getinfo(name) for name in check_only]
-    with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None) as pool:
-        # Largest first: the longest job starts at once.
-        for done in [pool.submit(_inflate, source, info, targets[info.filename], record.get(info.filename, ("", "", ""))[1])
+    workers = threads or len(os.sched_getaffinity(0))
+    total = sum(info.file_size for info in infos)
+    with ThreadPoolExecutor(max_workers=workers, initializer=_yield_cpu if yield_cpu else None) as pool:
+        # Largest first: the longest job starts at once. A member larger than a worker's share
+        # would leave the others idle: it is hashed and written beside its inflating.
+        for done in [pool.submit(_inflate, source, info, targets[info.filename], record.get(info.filename, ("", "", ""))[1],
+                                 info.file_size * workers > total)
                      for info in sorted(infos, key=lambda i: -i.file_size)]:
             done.result()
     return {name: target for name, target in targets.items() if target is not None}
 
 
-def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str) -> None:
+def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
     try:
-        _inflate_checked(source, info, target, recorded)
+        _inflate_checked(source, info, target, recorded, beside)
     except (zipfile.BadZipFile, zlib_ng.error) as exc:
         raise RocwheelsError(f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
                              fix="do not install, repair or publish this file; build or download the wheel again") from None
 
 
-def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str) -> None:
+def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
     with open(source, "rb") as raw, (target.open("wb") if target else open(os.devnull, "wb")) as sink:
         raw.seek(info.header_offset)
         fields = _LOCAL.unpack(raw.read(_LOCAL.size))
@@ -169,9 +173,10 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
             digest.update(data)
             sink.write(data)
 
-        # A large member is hashed and written a block behind its inflating, in a thread of its own
-        # (both let go of the GIL): one member is often most of a wheel (jax: 459 MB, 1.7 -> 1.1 s).
-        with _one_behind(info.file_size >= _BEHIND_FROM) as later:
+        # ``beside``: hashed and written a block behind the inflating, in a thread of its own (both
+        # let go of the GIL), for a member that is most of its wheel (jax: 459 MB, 1.25-1.64 s ->
+        # 0.70-0.81 s).
+        with _one_behind(beside and info.file_size >= _BEHIND_FROM) as later:
             remaining = info.compress_size
             while remaining:
                 block = raw.read(min(remaining, 1 << 20))
