@@ -463,14 +463,17 @@ def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Pa
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
-    os.close(handle)
     temp = Path(temp_name)
     try:
-        if fingerprint is None:
-            shutil.copyfile(source, temp)
-        elif _copy_hashed(source, temp) != fingerprint:
-            temp.unlink()
-            return None
+        # Into the file mkstemp opened: opening it again by name would truncate it, and ext4 then
+        # writes the whole file back when it is closed (its guard for files rewritten in place):
+        # 36 ms of a 0.1 s copy of jax's 130 MB wheel.
+        with open(source, "rb") as data, os.fdopen(handle, "wb") as copy:
+            if fingerprint is None:
+                _copy_range(data, copy, os.fstat(data.fileno()).st_size)
+            elif _copy_hashed(source, data, copy) != fingerprint:
+                temp.unlink()
+                return None
         temp.chmod(0o666 & ~_umask())
         os.replace(temp, dest)
     except BaseException:
@@ -479,11 +482,12 @@ def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Pa
     return dest
 
 
-def _copy_hashed(source: Path, dest: Path) -> str:
-    """Copy ``source`` to ``dest``; its :func:`piecewise_sha256`, computed while the kernel copies it."""
+def _copy_hashed(source: Path, data: io.BufferedReader, copy: io.BufferedRandom) -> str:
+    """Copy ``data`` (the file ``source``) into ``copy``; its :func:`piecewise_sha256`, computed
+    while the kernel copies it."""
     with ThreadPoolExecutor(1) as hasher:
         digest = hasher.submit(piecewise_sha256, source)
-        shutil.copyfile(source, dest)
+        _copy_range(data, copy, os.fstat(data.fileno()).st_size)
         return digest.result()
 
 
