@@ -202,6 +202,8 @@ def _format_hash(digest: Any) -> str:  # a hashlib object
 
 
 def _check_member_path(wheel: Path, name: str, what: str) -> None:
+    if not name:
+        raise RocwheelsError(f"{wheel}: a {what} path is empty: no installer can write it", fix=_REBUILD)
     parts = name.split("/")
     if name.startswith("/") or _DRIVE.match(name) or "\\" in name or "\0" in name or ".." in parts:
         raise RocwheelsError(
@@ -228,13 +230,17 @@ def _same_version(a: str, b: Version) -> bool:
 def _read_record(path: Path, archive: zipfile.ZipFile, name: str) -> dict[str, tuple[str, str]]:
     text = archive.read(name).decode("utf-8", errors="replace")
     record: dict[str, tuple[str, str]] = {}
-    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row:
-            continue
-        if len(row) != 3:
-            raise RocwheelsError(f"{path}: {name} line {number} does not have 3 fields (path, hash, size)", fix=_REBUILD)
-        _check_member_path(path, row[0], "RECORD")
-        record[row[0]] = (row[1], row[2])
+    rows = csv.reader(io.StringIO(text, newline=""))  # csv reads line ends itself, a lone "\r" included
+    try:
+        for number, row in enumerate(rows, start=1):
+            if not row:
+                continue
+            if len(row) != 3:
+                raise RocwheelsError(f"{path}: {name} line {number} does not have 3 fields (path, hash, size)", fix=_REBUILD)
+            _check_member_path(path, row[0], "RECORD")
+            record[row[0]] = (row[1], row[2])
+    except csv.Error as exc:
+        raise RocwheelsError(f"{path}: {name} line {rows.line_num} is not CSV ({exc})", fix=_REBUILD) from None
     return record
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -78,9 +79,29 @@ def test_unsafe_member_paths_are_refused(name: str, raw_zip: Callable[..., Path]
         check_wheel(path)
 
 
+def test_an_empty_member_name_is_refused(named: Path) -> None:
+    # A central directory entry whose name has no bytes (found by tests/test_fuzz.py): zipfile lists
+    # it, and asking it whether the entry is a folder raised IndexError.
+    entry = b"PK\x01\x02" + bytes(42)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(entry), 0, 0)
+    named.write_bytes(entry + end)
+    with pytest.raises(RocwheelsError, match="member path is empty"):
+        check_wheel(named)
+
+
 def test_unsafe_record_paths_are_refused(raw_zip: Callable[..., Path], named: Path) -> None:
     path = raw_zip(named, {**META, f"{DIST_INFO}/RECORD": b"../../etc/passwd,,\n"})
     with pytest.raises(RocwheelsError, match="unsafe RECORD path"):
+        check_wheel(path)
+
+
+@pytest.mark.parametrize(("record", "error"), [
+    (b"\r\x00", "line 2 does not have 3 fields"),  # a lone carriage return ends a line (found by tests/test_fuzz.py)
+    (b"demo/x.py," + b"a" * 200_000 + b",1\n", "line 1 is not CSV"),  # past the csv module's field limit
+])
+def test_a_malformed_record_is_reported_by_line(record: bytes, error: str, raw_zip: Callable[..., Path], named: Path) -> None:
+    path = raw_zip(named, {**META, f"{DIST_INFO}/RECORD": record})
+    with pytest.raises(RocwheelsError, match=f"RECORD {error}"):
         check_wheel(path)
 
 
