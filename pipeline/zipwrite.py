@@ -415,9 +415,9 @@ def _copy_range(source: io.BufferedReader, sink: io.BufferedRandom, length: int)
 
 
 def record_rows(archive: zipfile.ZipFile, record: str) -> dict[str, tuple[str, str, str]]:
-    """RECORD's rows by member name: (name, "sha256=...", size)."""
+    """RECORD's rows by member name: (name, "sha256=...", size), split as ``check_wheel`` splits them."""
     text = archive.read(record).decode("utf-8")
-    return {row[0]: (row[0], row[1], row[2]) for row in csv.reader(io.StringIO(text)) if len(row) == 3}
+    return {row[0]: (row[0], row[1], row[2]) for row in csv.reader(io.StringIO(text, newline="")) if len(row) == 3}
 
 
 def _without_zip64(extra: bytes) -> bytes:
