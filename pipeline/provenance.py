@@ -140,7 +140,7 @@ def check_record(wheel: Path) -> tuple[bool, str]:
     """(ok, message) for the record beside ``wheel``; a wheel without one is ok but said so."""
     path = record_path(wheel)
     if not path.is_file():
-        return True, f"no provenance record ({path.name}) beside the wheel"
+        return True, f"no provenance record ({path.name}) beside the wheel yet: rocwheels wheels writes it once the wheel passes"
     try:
         record = Provenance.read(path)
     except RocwheelsError as exc:
