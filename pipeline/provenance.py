@@ -151,4 +151,4 @@ def check_record(wheel: Path) -> tuple[bool, str]:
     if actual != record.sha256:
         return False, (f"sha256 {actual} differs from the provenance record's {record.sha256}: the wheel changed after it was "
                        f"verified (fix: rebuild it with rocwheels wheels ... --force)")
-    return True, f"provenance: fingerprint {record.fingerprint[:12]}, sha256 matches"
+    return True, f"fingerprint {record.fingerprint[:12]}, sha256 matches"
