@@ -104,6 +104,19 @@ def test_a_path_that_needs_room_is_set_in_a_new_segment(tmp_path: Path, search: 
     assert _loads(top)
 
 
+def test_a_path_sharing_its_bytes_with_another_name_gets_a_new_segment(tmp_path: Path) -> None:
+    # A folder named like the library needed: the linker may store the name once, as the path's
+    # tail. Writing a shorter path over it would rename what the library needs.
+    top, _ = _top(tmp_path, rpath="/opt/lib/libdep.so")
+    if top.read_bytes().count(b"libdep.so\0") != 1:
+        pytest.skip("this linker stored the name twice: nothing shared")
+    size, needed = top.stat().st_size, read_elf(top, with_fatbin=False).needed
+    assert set_rpath_in_place(top, ["/x"])
+    info = read_elf(top, with_fatbin=False)
+    assert (info.rpath, info.needed) == (("/x",), needed)
+    assert top.stat().st_size > size
+
+
 def test_a_new_segment_leaves_the_zeroed_data_alone(tmp_path: Path) -> None:
     # .bss runs pages past the end of the file's data: the new segment must go past it, or the
     # loader maps it over what the library expects to be zeros.
