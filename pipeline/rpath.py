@@ -75,8 +75,7 @@ def set_rpath_in_place(path: Path, entries: Sequence[str]) -> bool:
             return False
         if edit is None:
             return False
-        # The appended segment first: until the headers point at it, it is inert.
-        for offset, data in edit:
+        for offset, data in edit:  # in order (see _append)
             os.pwrite(file.fileno(), data, offset)
     return True
 
@@ -86,7 +85,6 @@ class _Dynamic:
     """The parts of a file's dynamic linking that a search path lives in."""
 
     elf: ELFFile
-    segments: list[Any]
     offset: int  # of the .dynamic table in the file
     entries: list[tuple[int, int]]  # (tag, value) up to the first DT_NULL
     slots: int  # entries the table has room for, DT_NULLs included
@@ -138,7 +136,7 @@ def _read_dynamic(file: BinaryIO) -> _Dynamic | None:
         return None
     file.seek(strtab)
     strings = file.read(tags[DT_STRSZ])
-    return _Dynamic(elf, segments, dynamic["p_offset"], entries[:end], len(entries), strtab, strings)
+    return _Dynamic(elf, dynamic["p_offset"], entries[:end], len(entries), strtab, strings)
 
 
 def _with_search_path(entries: list[tuple[int, int]], kept: int | None, string: int) -> list[tuple[int, int]]:
