@@ -8,9 +8,7 @@ with an unhelpful one; a member path with ``..`` could write outside the folder 
 from __future__ import annotations
 
 import base64
-import csv
 import hashlib
-import io
 import re
 import shutil
 import stat
@@ -33,7 +31,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 
 from .errors import RocwheelsError
-from .zipwrite import Added, write_wheel
+from .zipwrite import Added, record_lines, write_wheel
 
 # Signatures over RECORD: any rewrite invalidates them, so a rewrite drops them.
 _RECORD_SIGNATURES = ("RECORD.jws", "RECORD.p7s")
@@ -228,19 +226,12 @@ def _same_version(a: str, b: Version) -> bool:
 
 
 def _read_record(path: Path, archive: zipfile.ZipFile, name: str) -> dict[str, tuple[str, str]]:
-    text = archive.read(name).decode("utf-8", errors="replace")
     record: dict[str, tuple[str, str]] = {}
-    rows = csv.reader(io.StringIO(text, newline=""))  # csv reads line ends itself, a lone "\r" included
-    try:
-        for number, row in enumerate(rows, start=1):
-            if not row:
-                continue
-            if len(row) != 3:
-                raise RocwheelsError(f"{path}: {name} line {number} does not have 3 fields (path, hash, size)", fix=_REBUILD)
-            _check_member_path(path, row[0], "RECORD")
-            record[row[0]] = (row[1], row[2])
-    except csv.Error as exc:
-        raise RocwheelsError(f"{path}: {name} line {rows.line_num} is not CSV ({exc})", fix=_REBUILD) from None
+    for line, row in record_lines(archive, name):
+        if len(row) != 3:
+            raise RocwheelsError(f"{path}: {name} line {line} does not have 3 fields (path, hash, size)", fix=_REBUILD)
+        _check_member_path(path, row[0], "RECORD")
+        record[row[0]] = (row[1], row[2])
     return record
 
 

@@ -414,10 +414,22 @@ def _copy_range(source: io.BufferedReader, sink: io.BufferedRandom, length: int)
             remaining -= len(block)
 
 
+def record_lines(archive: zipfile.ZipFile, record: str) -> Iterator[tuple[int, list[str]]]:
+    """RECORD's rows that are not empty, each with the line it ends on, as every stage reads them:
+    csv's own line ends (a lone "\r" too), bytes that are not UTF-8 replaced (they then name no member)."""
+    rows = csv.reader(io.StringIO(archive.read(record).decode("utf-8", errors="replace"), newline=""))
+    try:
+        for row in rows:
+            if row:
+                yield rows.line_num, row
+    except csv.Error as exc:  # a field past the csv module's size limit, say
+        raise RocwheelsError(f"{archive.filename}: {record} line {rows.line_num} is not CSV ({exc})",
+                             fix="rebuild the wheel; its RECORD is damaged or was not written by a wheel build backend") from None
+
+
 def record_rows(archive: zipfile.ZipFile, record: str) -> dict[str, tuple[str, str, str]]:
-    """RECORD's rows by member name: (name, "sha256=...", size), split as ``check_wheel`` splits them."""
-    text = archive.read(record).decode("utf-8")
-    return {row[0]: (row[0], row[1], row[2]) for row in csv.reader(io.StringIO(text, newline="")) if len(row) == 3}
+    """RECORD's rows by member name: (name, "sha256=...", size)."""
+    return {row[0]: (row[0], row[1], row[2]) for _, row in record_lines(archive, record) if len(row) == 3}
 
 
 def _without_zip64(extra: bytes) -> bytes:
