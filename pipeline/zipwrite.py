@@ -130,21 +130,20 @@ def extract_members(
     ``yield_cpu`` as for :func:`write_wheel`."""
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
+        checked = [archive.getinfo(name) for name in check_only]
     targets: dict[str, Path | None] = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
     for target in targets.values():
         target.parent.mkdir(parents=True, exist_ok=True)
-    if check_only:
-        # The members repair copies as they are: inflated and hashed only, nothing written.
-        targets.update(dict.fromkeys(check_only))
-        with zipfile.ZipFile(source) as archive:
-            infos += [archive.getinfo(name) for name in check_only]
+    # The members repair copies as they are: inflated and hashed only, nothing written.
+    targets.update(dict.fromkeys(check_only))
+    infos += checked
     workers = threads or len(os.sched_getaffinity(0))
     total = sum(info.file_size for info in infos)
     with ThreadPoolExecutor(max_workers=workers, initializer=_yield_cpu if yield_cpu else None) as pool:
         # Largest first: the longest job starts at once. A member larger than a worker's share
         # would leave the others idle: it is hashed and written beside its inflating.
         for done in [pool.submit(_inflate, source, info, targets[info.filename], record.get(info.filename, ("", "", ""))[1],
-                                 info.file_size * workers > total)
+                                 info.file_size >= _BEHIND_FROM and info.file_size * workers > total)
                      for info in sorted(infos, key=lambda i: -i.file_size)]:
             done.result()
     return {name: target for name, target in targets.items() if target is not None}
@@ -176,7 +175,7 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
         # ``beside``: hashed and written a block behind the inflating, in a thread of its own (both
         # let go of the GIL), for a member that is most of its wheel (jax: 459 MB, 1.25-1.64 s ->
         # 0.70-0.81 s).
-        with _one_behind(beside and info.file_size >= _BEHIND_FROM) as later:
+        with _one_behind(beside) as later:
             remaining = info.compress_size
             while remaining:
                 block = raw.read(min(remaining, 1 << 20))

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import zipwrite
 from pipeline.cmd import run
-from pipeline.wheelfile import check_wheel
 from pipeline.errors import RocwheelsError
+from pipeline.wheelfile import check_wheel
 from pipeline.zipwrite import _BEHIND_FROM, CHUNK, Added, extract_members, record_rows, write_wheel
 
 DIST_INFO = "demo-1.0.dist-info"
@@ -71,18 +72,24 @@ def test_a_large_member_deflated_in_chunks_is_one_valid_stream(wheel: Path, tmp_
     assert "No errors detected" in _unzip_test(dest)
 
 
-def test_a_large_member_is_hashed_beside_its_inflating_and_still_checked(platform_wheel: Callable[..., Path], tmp_path: Path) -> None:
+def test_a_large_member_is_hashed_beside_its_inflating_and_still_checked(
+    platform_wheel: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     large = random.Random(3).randbytes(_BEHIND_FROM * 3 // 4) + b"rocm " * (_BEHIND_FROM // 16)
     assert len(large) >= _BEHIND_FROM
     wheel = platform_wheel(tmp_path / "in", "demo", {"demo/large.so": large})
     with zipfile.ZipFile(wheel) as archive:
         record = record_rows(archive, f"{DIST_INFO}/RECORD")
-    files = extract_members(wheel, ["demo/large.so"], tmp_path / "tree", record=record)
+    threaded: list[bool] = []  # whether each inflating hashed beside it
+    one_behind = zipwrite._one_behind
+    monkeypatch.setattr(zipwrite, "_one_behind", lambda beside: threaded.append(beside) or one_behind(beside))
+    files = extract_members(wheel, ["demo/large.so"], tmp_path / "tree", record=record, threads=2)
+    assert threaded == [True]
     assert files["demo/large.so"].read_bytes() == large
     path, _, size = record["demo/large.so"]
     wrong = {**record, "demo/large.so": (path, "sha256=" + "A" * 43, size)}
     with pytest.raises(RocwheelsError, match="does not match its RECORD hash"):
-        extract_members(wheel, ["demo/large.so"], tmp_path / "again", record=wrong)
+        extract_members(wheel, ["demo/large.so"], tmp_path / "again", record=wrong, threads=2)
 
 
 def test_forced_zip64_records_read_back(wheel: Path, tmp_path: Path) -> None:
