@@ -167,6 +167,29 @@ def _pypi_wheels(folder: Path) -> list[Path]:
     return found
 
 
+def _run_once(m: Measurement, wheel: Path, run_dir: Path, round_: int, env: dict[str, str]) -> tuple[dict, Path | None]:
+    """One run of ``m`` on ``wheel`` through measure.py: its result, and the wheel it wrote (if any)."""
+    out, logs = run_dir / "out" / m.key, run_dir / f"logs-{round_}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    logs.mkdir(exist_ok=True)
+    result_file, log = logs / f"{m.key}.json", logs / f"{m.key}.log"
+    run_env = {**env, **m.env}
+    if m.fresh_cache:
+        run_env["ROCWHEELS_CACHE"] = str(run_dir / f"empty-cache-{round_}-{m.key}")
+    command = m.command(wheel, out, logs / f"{m.key}.repair.log")
+    os.sync()  # the previous run's dirty pages are written back now, not during this one
+    subprocess.run([PYTHON, str(HERE / "measure.py"), str(result_file), str(log), "--", *command], env=run_env, check=True)
+    result = json.loads(result_file.read_text())
+    if result["returncode"] != 0:
+        raise RocwheelsError(f"{m.label} failed with exit code {result['returncode']}: {' '.join(command)}",
+                             fix=f"see its output in {log}")
+    outputs = sorted(out.glob("*.whl"))
+    result["output_mb"] = sum(p.stat().st_size for p in outputs) / MB if outputs else None
+    result["load_average"] = os.getloadavg()[0]
+    return result, outputs[0] if outputs else None
+
+
 def _measure_wheel(wheel: Path, run_dir: Path, repeat: int) -> tuple[dict[str, list[dict]], list[str]]:
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -186,27 +209,10 @@ def _measure_wheel(wheel: Path, run_dir: Path, repeat: int) -> tuple[dict[str, l
     for round_ in range(1, repeat + 1):
         for m in MEASUREMENTS:
             for _ in range(m.samples):
-                out, logs = run_dir / "out" / m.key, run_dir / f"logs-{round_}"
-                shutil.rmtree(out, ignore_errors=True)
-                out.mkdir(parents=True)
-                logs.mkdir(exist_ok=True)
-                result_file, log = logs / f"{m.key}.json", logs / f"{m.key}.log"
-                run_env = {**env, **m.env}
-                if m.fresh_cache:
-                    run_env["ROCWHEELS_CACHE"] = str(run_dir / f"empty-cache-{round_}-{m.key}")
-                command = m.command(fixed if m.fixed else wheel, out, logs / f"{m.key}.repair.log")
-                os.sync()  # the previous run's dirty pages are written back now, not during this one
-                subprocess.run([PYTHON, str(HERE / "measure.py"), str(result_file), str(log), "--", *command], env=run_env, check=True)
-                result = json.loads(result_file.read_text())
-                if result["returncode"] != 0:
-                    raise RocwheelsError(f"{m.label} failed with exit code {result['returncode']}: {' '.join(command)}",
-                                         fix=f"see its output in {log}")
-                outputs = sorted(out.glob("*.whl"))
-                result["output_mb"] = sum(p.stat().st_size for p in outputs) / MB if outputs else None
-                result["load_average"] = os.getloadavg()[0]
+                result, output = _run_once(m, fixed if m.fixed else wheel, run_dir, round_, env)
                 results[m.key].append(result)
-                if outputs:
-                    kept[m.key] = outputs[0]
+                if output:
+                    kept[m.key] = output
                 print(f"  round {round_}/{repeat}  {m.label:<48} {result['seconds']:7.2f} s  {result['maxrss_mb']:7.1f} MB"
                       f"  (load {result['load_average']:.1f})", flush=True)
     problems = _compare_with_auditwheel(wheel, kept["repair"], kept["auditwheel-repair"])
