@@ -34,10 +34,10 @@ import tomllib
 # testwheel sits beside this file, and python puts this file's folder on sys.path.
 from testwheel import describe, ensure_test_wheel
 
-from pipeline.cmd import run
+from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
-from pipeline.rocm_policy import load_policy
-from pipeline.wheelfile import check_wheel
+from pipeline.repair.policy import load_policy
+from pipeline.wheel.archive import check_wheel
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

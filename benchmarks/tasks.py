@@ -2,8 +2,8 @@
 
     python tasks.py copy WHEEL OUT_DIR
     python tasks.py rewrite WHEEL OUT_DIR        read every member, write a new zip at deflate 6
-    python tasks.py repair WHEEL OUT_DIR LOG     pipeline.repair.repair_wheel with its defaults
-    python tasks.py analyze WHEEL                pipeline.analyze.analyze_wheel
+    python tasks.py repair WHEEL OUT_DIR LOG     pipeline.repair.repair.repair_wheel with its defaults
+    python tasks.py analyze WHEEL                pipeline.wheel.analyze.analyze_wheel
     python tasks.py bigwheel WHEEL OUT BYTES     a wheel of WHEEL's smallest library and BYTES of data (ZIP64)
 """
 
@@ -36,15 +36,15 @@ def rewrite(wheel: Path, out: Path) -> None:
 
 
 def repair(wheel: Path, out: Path, log: Path) -> None:
-    from pipeline.log import setup_logging
-    from pipeline.repair import repair_wheel
+    from pipeline.util.log import setup_logging
+    from pipeline.repair.repair import repair_wheel
 
     setup_logging()  # the "repaired ... (auditwheel x s, RPATHs ..., write ...)" line, parsed by run.py
     repair_wheel(wheel, out, log_file=log)  # default RepairSettings: the ROCm excludes only
 
 
 def analyze(wheel: Path) -> None:
-    from pipeline.analyze import TargetLayout, analyze_wheel
+    from pipeline.wheel.analyze import TargetLayout, analyze_wheel
 
     analysis = analyze_wheel(wheel, TargetLayout())
     targets = sorted({t for member in analysis.members for t in member.gpu_targets})
@@ -64,7 +64,7 @@ def bigwheel(source: Path, out: Path, size: str) -> None:
 
     import tempfile
 
-    from pipeline.elf import read_elf
+    from pipeline.wheel.elf import read_elf
 
     def standalone(data: bytes) -> bool:  # needs no other library of its wheel
         with tempfile.NamedTemporaryFile(suffix=".so") as file:

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import zstandard
 
-from pipeline.cmd import run
+from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
 
 # Bump when the wheel's make-up changes: cached wheels of another version are not reused.

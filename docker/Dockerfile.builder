@@ -1,5 +1,5 @@
 # The rocwheels builder image: a ROCm development image plus what cibuildwheel and the
-# in-container repair need. Built by pipeline/image.py (build_image), which stages the context:
+# in-container repair need. Built by pipeline/build/image.py (build_image), which stages the context:
 #   Dockerfile, builder/ (docker/builder/provision.sh), rocwheels/ (pyproject.toml and
 #   pipeline/ of the running checkout), ca-certificates/ (the host's extra CAs: TLS-intercepting
 #   networks need them for pip), constraints/ (cibuildwheel's pins for build and virtualenv).

@@ -26,13 +26,13 @@ from typing import Any, BinaryIO
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from .errors import RocwheelsError
-from .index import page_links
-from .layout import Layout
-from .log import recipe_logger
-from .plan import Plan
-from .provenance import Provenance, fingerprints, is_current, record_path
-from .sources import file_sha256
+from pipeline.errors import RocwheelsError
+from pipeline.publish.index import page_links
+from pipeline.config.layout import Layout
+from pipeline.util.log import recipe_logger
+from pipeline.plan import Plan
+from pipeline.verify.provenance import Provenance, fingerprints, is_current, record_path
+from pipeline.build.sources import file_sha256
 
 log = logging.getLogger("rocwheels")
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import click
 
-from . import lock as lockmod
-from .errors import InputError, Interrupted, RocwheelsError
-from .constraints import check_constraints, compile_constraints
-from .layout import Layout
-from .locking import wheelhouse_lock
-from .log import setup_logging
-from .plan import (
+from pipeline.config import lock as lockmod
+from pipeline.errors import InputError, Interrupted, RocwheelsError
+from pipeline.config.build_constraints import check_constraints, compile_constraints
+from pipeline.config.layout import Layout
+from pipeline.util.runlock import wheelhouse_lock
+from pipeline.util.log import setup_logging
+from pipeline.plan import (
     Plan,
     describe,
     label_aliases,
@@ -26,8 +26,8 @@ from .plan import (
     wheel_origin,
     wheel_version,
 )
-from .recipes import LOCK_FILE, load_recipes
-from .targets import parse_targets
+from pipeline.config.recipes import LOCK_FILE, load_recipes
+from pipeline.config.targets import parse_targets
 
 log = logging.getLogger("rocwheels")
 DRIVERS = ("local", "container")
@@ -57,7 +57,7 @@ def target_options(command):
 
 
 def engine_option(command):
-    from .engine import ENGINES
+    from pipeline.build.engine import ENGINES
 
     return click.option("--engine", "engine_name", type=click.Choice(ENGINES), default=None, envvar="ROCWHEELS_ENGINE",
                         help="container engine (default: podman if it works, else docker)")(command)
@@ -120,8 +120,8 @@ def lock_constraints(obj: Context, rocm: str | None) -> None:
 @click.pass_obj
 def lock_pin(obj: Context, rocm: str | None, refresh: bool, engine_name: str | None) -> None:
     """Pull the line's registry builder image and write it into the lock by digest."""
-    from .engine import detect_engine
-    from .pin import pin_line
+    from pipeline.build.engine import detect_engine
+    from pipeline.config.pin import pin_line
 
     result = pin_line(obj.layout.recipes_dir, rocm, lambda: detect_engine(engine_name), refresh=refresh)
     click.echo(f"lines.{result.line}: {result.status}: {result.image}")
@@ -165,12 +165,12 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
                    force: bool, from_index: str | None) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
-    from .wheels import make_wheels, summary_table
+    from pipeline.wheels import make_wheels, summary_table
 
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     with wheelhouse_lock(obj.layout.wheelhouse):
         if from_index and not force:
-            from .ci import fetch_from_index
+            from pipeline.ci import fetch_from_index
 
             fetch_from_index(plan, obj.layout, from_index)
         outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
@@ -200,7 +200,7 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
     the options given (inside the builder container only the options apply).
     """
-    from .repair import RepairSettings, repair_wheel
+    from pipeline.repair.repair import RepairSettings, repair_wheel
 
     output = (wheel_dir or obj.layout.wheelhouse).resolve()
     with wheelhouse_lock(output):
@@ -227,7 +227,7 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
     """Prove what is inside each wheel; exit status 1 on any error."""
     from dataclasses import replace
 
-    from .verify import (
+    from pipeline.verify.verify import (
         Expectations,
         expectations_for,
         format_report,
@@ -261,7 +261,7 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
     from rich.console import Console
 
-    from .inspection import either_provider, inspect_wheel, render
+    from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
 
     # Piped output keeps whole library names rather than folding them at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
@@ -279,7 +279,7 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
 @click.pass_obj
 def publish_command(obj: Context, repository: str, simple_url: str | None, config_file: Path | None, attempts: int) -> None:
     """Upload the wheelhouse's wheels with twine; files already there (same sha256) are skipped."""
-    from .publish import publish
+    from pipeline.publish.upload import publish
 
     with wheelhouse_lock(obj.layout.wheelhouse):
         result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
@@ -297,8 +297,8 @@ def index_group() -> None:
 def index_build(obj: Context) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
     requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
-    from .index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
-    from .rocm_wheels import constraint_pins
+    from pipeline.publish.index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
+    from pipeline.config.rocm_wheels import constraint_pins
 
     aliases = label_aliases(obj.layout)
     if not obj.layout.wheelhouse.is_dir():
@@ -325,7 +325,7 @@ def index_build(obj: Context) -> None:
 @click.pass_obj
 def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool) -> None:
     """Copy a `wheels` line's ROCm wheels from AMD's index into the private index."""
-    from .rocm_wheels import mirror
+    from pipeline.config.rocm_wheels import mirror
 
     line = lockmod.load_lock(obj.layout.recipes_dir).line(line_name)
     for wheel in mirror(line_name, line, packages, with_build=with_build):
@@ -338,7 +338,7 @@ def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool)
 @click.password_option(envvar="ROCWHEELS_INDEX_PASSWORD")
 def index_add_user(username: str, htpasswd: Path, password: str) -> None:
     """Create or update an upload login for `rocwheels serve`."""
-    from .serve import add_htpasswd_user
+    from pipeline.publish.serve import add_htpasswd_user
 
     add_htpasswd_user(htpasswd, username, password)
 
@@ -350,7 +350,7 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
     """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login; its log: PACKAGES/../pypiserver.log."""
-    from .serve import serve
+    from pipeline.publish.serve import serve
 
     # pypiserver's own output (requests, and a traceback if it fails) goes to a file beside the packages.
     serve(packages, htpasswd, host=host, port=port, log_file=packages.parent / "pypiserver.log")
@@ -364,7 +364,7 @@ def demo_command(obj: Context, arch: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .demo import CANARY, run_demo
+    from pipeline.demo import CANARY, run_demo
 
     steps = run_demo(select_plan(obj.layout, CANARY, arch, None, "local"), obj.layout)
     table = Table(title="rocwheels demo")
@@ -393,7 +393,7 @@ def ci_group() -> None:
 def ci_matrix_command(obj: Context, rocm: str | None, arch: str | None, recipes: str | None, driver: str, output_format: str,
                       output: Path | None) -> None:
     """The line's recipe x Python jobs in dependency stages, from the same plan as `make wheels`."""
-    from .ci import ci_matrix, render
+    from pipeline.ci import ci_matrix, render
 
     plan = select_plan(obj.layout, recipes, arch, rocm, driver)
     matrix = ci_matrix(plan_document(plan))
@@ -416,8 +416,8 @@ def image_group() -> None:
 @click.pass_obj
 def image_build(obj: Context, rocm: str | None, engine_name: str | None) -> None:
     """Build (or find, when its inputs are unchanged) the builder image of a lock line; print its tag."""
-    from .container import builder_image
-    from .engine import detect_engine
+    from pipeline.build.container import builder_image
+    from pipeline.build.engine import detect_engine
 
     name, line = lockmod.select_line(lockmod.load_lock(obj.layout.recipes_dir), rocm)
     click.echo(builder_image(name, line, detect_engine(engine_name), recipes_dir=obj.layout.recipes_dir))
@@ -430,10 +430,10 @@ def image_build(obj: Context, rocm: str | None, engine_name: str | None) -> None
 @click.pass_obj
 def image_base(obj: Context, suite: str, engine_name: str | None) -> None:
     """Make localhost/rocwheels-base:SUITE from Debian's HIP packages (debootstrap, as root; ~90 s, ~1 GB)."""
-    from .cmd import run
-    from .engine import detect_engine
-    from .image import PROJECT_ROOT
-    from .progress import long_step
+    from pipeline.util.cmd import run
+    from pipeline.build.engine import detect_engine
+    from pipeline.build.image import PROJECT_ROOT
+    from pipeline.util.progress import long_step
 
     engine = detect_engine(engine_name)
     image = f"localhost/rocwheels-base:{suite}"
@@ -450,9 +450,9 @@ def image_base(obj: Context, suite: str, engine_name: str | None) -> None:
 @click.pass_obj
 def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) -> None:
     """Run rocminfo in the line's builder image with this host's GPU passed in; exit 1 unless it sees one."""
-    from .container import builder_image
-    from .doctor import DEV, device_check, format_check, image_test
-    from .engine import detect_engine
+    from pipeline.build.container import builder_image
+    from pipeline.doctor import DEV, device_check, format_check, image_test
+    from pipeline.build.engine import detect_engine
 
     # Without a GPU there is nothing to test: say so before building an image for nothing.
     check = device_check(DEV / "kfd")
@@ -472,7 +472,7 @@ def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) 
 @click.pass_obj
 def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name: str | None) -> None:
     """Check this host: container engine, GPU devices and groups, GPUs vs ARCH, ROCm vs the lock line."""
-    from .doctor import format_check, run_doctor
+    from pipeline.doctor import format_check, run_doctor
 
     line = lockmod.load_lock(obj.layout.recipes_dir).line(rocm) if rocm else None
     checks = run_doctor(arch, line, line_name=rocm, engine=engine_name)
@@ -484,10 +484,10 @@ def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name
 
 def driver_for(driver: str, plan: Plan, layout: Layout):
     if driver == "local":
-        from .build import local_driver_for
+        from pipeline.build.local import local_driver_for
 
         return local_driver_for(plan)
-    from .container import container_driver
+    from pipeline.build.container import container_driver
 
     return container_driver(plan, layout)
 
@@ -496,7 +496,7 @@ def main() -> None:
     """The one place the project's errors become messages and exit statuses: 2 bad input (usage,
     recipe, lock, option values), 1 a failed check or step, 128 + N for signal N (130 Ctrl-C, 143
     SIGTERM); never a traceback for any of them."""
-    from .interrupts import interruptible
+    from pipeline.util.interrupts import interruptible
 
     try:
         with interruptible():

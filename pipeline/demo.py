@@ -16,15 +16,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cmd import run
-from .errors import RocwheelsError
-from .index import build_static_index, wheels_by_label, write_constraints
-from .layout import Layout
-from .plan import Plan
-from .publish import publish
-from .serve import add_htpasswd_user, running_pypiserver
-from .smoke import gpu_present
-from .wheels import make_wheels
+from pipeline.util.cmd import run
+from pipeline.errors import RocwheelsError
+from pipeline.publish.index import build_static_index, wheels_by_label, write_constraints
+from pipeline.config.layout import Layout
+from pipeline.plan import Plan
+from pipeline.publish.upload import publish
+from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.verify.smoke import gpu_present
+from pipeline.wheels import make_wheels
 
 CANARY = "rocm-canary"
 

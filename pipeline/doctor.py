@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cmd import run
-from .engine import Engine, _last_line, detect_engine
-from .errors import RocwheelsError
-from .host import host_rocm_version
-from .lock import Line
-from .rocm_wheels import torch_provider
-from .targets import parse_targets
+from pipeline.util.cmd import run
+from pipeline.build.engine import Engine, _last_line, detect_engine
+from pipeline.errors import RocwheelsError
+from pipeline.build.host import host_rocm_version
+from pipeline.config.lock import Line
+from pipeline.config.rocm_wheels import torch_provider
+from pipeline.config.targets import parse_targets
 
 DEV = Path("/dev")
 GPU_GROUPS = ("video", "render")

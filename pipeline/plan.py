@@ -17,15 +17,15 @@ from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from . import lock as lockmod
-from .constraints import check_constraints
-from .errors import ConfigError, RocwheelsError
-from .host import host_rocm_version
-from .layout import Layout
-from .lock import Line
-from .recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
-from .requirements import linked_builds
-from .targets import GpuTarget, check_supported, format_targets, parse_targets
+from pipeline.config import lock as lockmod
+from pipeline.config.build_constraints import check_constraints
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.build.host import host_rocm_version
+from pipeline.config.layout import Layout
+from pipeline.config.lock import Line
+from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
+from pipeline.repair.pins import linked_builds
+from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
 
 log = logging.getLogger("rocwheels")
 

@@ -17,18 +17,18 @@ from packaging.utils import parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
-from .build import BuiltWheel, build_local, find_wheels
-from .host import host_rocm_version
-from .errors import RocwheelsError
-from .layout import Layout, fresh_dir
-from .log import recipe_logger
-from .plan import Plan, Step
-from .progress import long_step
-from .provenance import fingerprints, is_current, record_path, write_record
-from .repair import RepairSettings, repair_wheel
-from .requirements import linked_builds, pin_wheel
-from .sources import fetch_build_wheels
-from .verify import expectations_for, format_report, verify_wheel
+from pipeline.build.local import BuiltWheel, build_local, find_wheels
+from pipeline.build.host import host_rocm_version
+from pipeline.errors import RocwheelsError
+from pipeline.config.layout import Layout, fresh_dir
+from pipeline.util.log import recipe_logger
+from pipeline.plan import Plan, Step
+from pipeline.util.progress import long_step
+from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
+from pipeline.repair.repair import RepairSettings, repair_wheel
+from pipeline.repair.pins import linked_builds, pin_wheel
+from pipeline.build.sources import fetch_build_wheels
+from pipeline.verify.verify import expectations_for, format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
 Driver = Callable[[Step, Layout, Callable[[str], None]], BuiltWheel]

@@ -22,7 +22,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 
-from pipeline.cmd import run
+from pipeline.util.cmd import run
 
 # What a job's checkout holds from the real one (the rest, wheelhouse/ and build/, is its own).
 CHECKOUT = ("Makefile", "pyproject.toml", "README.md", "pipeline", "recipes", "docker", ".venv")

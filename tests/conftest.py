@@ -23,14 +23,14 @@ import pytest
 # Session fixtures that build real HIP wheels live in their own module.
 from hip_wheels import built, hip_extensions, ld_library_path, repaired  # noqa: F401 (fixtures)
 
-from pipeline.cmd import run
-from pipeline.engine import Engine, detect_engine
-from pipeline.host import host_rocm_version
-from pipeline.layout import Layout
-from pipeline.lock import load_lock, select_line
+from pipeline.util.cmd import run
+from pipeline.build.engine import Engine, detect_engine
+from pipeline.build.host import host_rocm_version
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock, select_line
 from pipeline.plan import Plan, make_plan
-from pipeline.recipes import load_recipes
-from pipeline.targets import parse_targets
+from pipeline.config.recipes import load_recipes
+from pipeline.config.targets import parse_targets
 
 # Without HIP_PLATFORM=amd, hipcc picks the nvcc that is also installed.
 HIP_ENV = {"HIP_PLATFORM": "amd"}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hip_wheels import EXT, PY_INCLUDE
 
-from pipeline.cmd import run
+from pipeline.util.cmd import run
 
 
 @dataclass(frozen=True)

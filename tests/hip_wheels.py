@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cmd import run
-from pipeline.repair import RepairSettings, repair_wheel
+from pipeline.util.cmd import run
+from pipeline.repair.repair import RepairSettings, repair_wheel
 
 HIP_ENV = {"HIP_PLATFORM": "amd"}
 EXT = sysconfig.get_config_var("EXT_SUFFIX")

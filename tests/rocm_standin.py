@@ -26,10 +26,10 @@ from pathlib import Path
 
 from conftest import _wheel_archive
 
-from pipeline.analyze import system_libraries
-from pipeline.cmd import run
-from pipeline.elf import read_elf
-from pipeline.rocm_policy import load_policy
+from pipeline.wheel.analyze import system_libraries
+from pipeline.util.cmd import run
+from pipeline.wheel.elf import read_elf
+from pipeline.repair.policy import load_policy
 
 VERSION = "10.0.0"
 TAG = "py3-none-linux_x86_64"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.analyze import GLIBC_LOADER, MUSL_LOADER, Libc, analyze_wheel, libc_of, system_libraries
-from pipeline.elf import ELF_MAGIC, ElfError, ElfInfo
+from pipeline.wheel.analyze import GLIBC_LOADER, MUSL_LOADER, Libc, analyze_wheel, libc_of, system_libraries
+from pipeline.wheel.elf import ELF_MAGIC, ElfError, ElfInfo
 from pipeline.errors import RocwheelsError
 
 

@@ -5,11 +5,11 @@ import zipfile
 import pytest
 from conftest import REPO, canary_plan
 
-from pipeline.build import build_local
-from pipeline.elf import read_elf
+from pipeline.build.local import build_local
+from pipeline.wheel.elf import read_elf
 from pipeline.errors import CommandError
-from pipeline.layout import Layout
-from pipeline.offload import gpu_targets, parse_fatbin
+from pipeline.config.layout import Layout
+from pipeline.wheel.offload import gpu_targets, parse_fatbin
 
 pytestmark = pytest.mark.hipcc
 

@@ -14,13 +14,13 @@ from cibuildwheel.options import CommandLineArguments, compute_options
 from conftest import REPO, canary_plan
 from redis_server import running_redis
 
-from pipeline.build import local_driver_for
-from pipeline.cache import remote_cache
-from pipeline.container import SCCACHE_HIPCC, cibuildwheel_env
-from pipeline.engine import Engine
-from pipeline.lock import load_lock
+from pipeline.build.local import local_driver_for
+from pipeline.build.compiler_cache import remote_cache
+from pipeline.build.container import SCCACHE_HIPCC, cibuildwheel_env
+from pipeline.build.engine import Engine
+from pipeline.config.lock import load_lock
 from pipeline.errors import RocwheelsError
-from pipeline.layout import Layout
+from pipeline.config.layout import Layout
 from pipeline.wheels import make_wheels
 
 

@@ -23,14 +23,14 @@ from conftest import REPO
 from pipeline.ci import GITHUB_STAGES, ci_matrix, fetch_from_index, github_outputs, gitlab_pipeline
 from pipeline.cli import cli
 from pipeline.errors import RocwheelsError
-from pipeline.index import build_static_index
-from pipeline.layout import Layout
-from pipeline.lock import load_lock
+from pipeline.publish.index import build_static_index
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock
 from pipeline.plan import plan_document, select_plan
-from pipeline.provenance import Provenance, record_path
-from pipeline.publish import publish
-from pipeline.recipes import load_recipes
-from pipeline.serve import add_htpasswd_user, running_pypiserver
+from pipeline.verify.provenance import Provenance, record_path
+from pipeline.publish.upload import publish
+from pipeline.config.recipes import load_recipes
+from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 
 RECIPES = REPO / "recipes"
 LINES = tuple(load_lock(RECIPES).lock.lines)

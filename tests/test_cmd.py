@@ -12,9 +12,9 @@ from unittest.mock import patch
 import pytest
 from test_interrupts import wait_for
 
-from pipeline.cmd import run
+from pipeline.util.cmd import run
 from pipeline.errors import CommandError, Interrupted
-from pipeline.interrupts import interruptible
+from pipeline.util.interrupts import interruptible
 
 # Prints 100 numbered lines, the last one on stderr, then fails.
 NOISY = "import sys\nfor i in range(99): print(f'line {i}')\nprint('the real reason', file=sys.stderr)\nsys.exit(3)"

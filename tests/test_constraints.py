@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, recipe_toml
 
-from pipeline.constraints import _HEADER, _input_digest, check_constraints, compile_constraints, constraints_path, line_requirements
+from pipeline.config.build_constraints import _HEADER, _input_digest, check_constraints, compile_constraints, constraints_path, line_requirements
 from pipeline.errors import ConfigError
-from pipeline.lock import load_lock
-from pipeline.recipes import load_recipes
+from pipeline.config.lock import load_lock
+from pipeline.config.recipes import load_recipes
 
 LOCK = """default_line = "l"
 [lines.l]

@@ -20,10 +20,10 @@ from cibuildwheel.options import CommandLineArguments, compute_options
 from conftest import REPO, canary_plan
 from packaging.utils import parse_wheel_filename
 
-from pipeline.analyze import Kind, analyze_wheel
-from pipeline.build import BuiltWheel
-from pipeline.cmd import run
-from pipeline.container import (
+from pipeline.wheel.analyze import Kind, analyze_wheel
+from pipeline.build.local import BuiltWheel
+from pipeline.util.cmd import run
+from pipeline.build.container import (
     CCACHE_HIPCC,
     STATS_BEGIN,
     STATS_END,
@@ -35,13 +35,13 @@ from pipeline.container import (
     container_driver,
     smoke_script,
 )
-from pipeline.engine import Engine
+from pipeline.build.engine import Engine
 from pipeline.errors import RocwheelsError
-from pipeline.layout import Layout
-from pipeline.lock import load_lock
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock
 from pipeline.plan import Plan, Step, make_plan
-from pipeline.recipes import load_recipes
-from pipeline.targets import parse_targets
+from pipeline.config.recipes import load_recipes
+from pipeline.config.targets import parse_targets
 from pipeline.wheels import make_wheels
 
 RECIPES = REPO / "recipes"

@@ -22,12 +22,12 @@ import pytest
 from elf_builds import Elf, build
 from hip_wheels import EXT
 
-from pipeline.cmd import run
-from pipeline.elf import read_elf
+from pipeline.util.cmd import run
+from pipeline.wheel.elf import read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.repair import repair_wheel
-from pipeline.verify import Expectations, verify_wheel
-from pipeline.wheelfile import check_wheel
+from pipeline.repair.repair import repair_wheel
+from pipeline.verify.verify import Expectations, verify_wheel
+from pipeline.wheel.archive import check_wheel
 
 
 @dataclass(frozen=True)

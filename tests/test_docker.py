@@ -23,16 +23,16 @@ from conftest import REPO
 from redis_server import running_redis
 from packaging.utils import parse_wheel_filename
 
-from pipeline.analyze import analyze_wheel
-from pipeline.cmd import run
-from pipeline.container import builder_image, container_driver
+from pipeline.wheel.analyze import analyze_wheel
+from pipeline.util.cmd import run
+from pipeline.build.container import builder_image, container_driver
 from pipeline.doctor import engine_check, image_test
-from pipeline.engine import Engine, _has_buildkit, detect_engine
-from pipeline.layout import Layout
-from pipeline.lock import load_lock
+from pipeline.build.engine import Engine, _has_buildkit, detect_engine
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock
 from pipeline.plan import Plan, make_plan
-from pipeline.recipes import load_recipes
-from pipeline.targets import parse_targets
+from pipeline.config.recipes import load_recipes
+from pipeline.config.targets import parse_targets
 from pipeline.wheels import make_wheels
 
 RECIPES = REPO / "recipes"

@@ -18,8 +18,8 @@ from pipeline.doctor import (
     render_nodes_check,
     run_doctor,
 )
-from pipeline.engine import Engine
-from pipeline.lock import load_lock
+from pipeline.build.engine import Engine
+from pipeline.config.lock import load_lock
 
 # One rocminfo agent section per device, trimmed to the lines the doctor reads.
 ROCMINFO = """\

@@ -13,10 +13,10 @@ import pytest
 from conftest import HIP_ENV, offload_args
 from elftools.elf.elffile import ELFFile
 
-from pipeline.cmd import run
-from pipeline.elf import ElfError, amdgpu_processor, is_elf, read_elf
+from pipeline.util.cmd import run
+from pipeline.wheel.elf import ElfError, amdgpu_processor, is_elf, read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.offload import gpu_targets, parse_fatbin
+from pipeline.wheel.offload import gpu_targets, parse_fatbin
 
 E_FLAGS_OFFSET = 48  # in an ELF64 header
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engine import PODMAN_CONFIG_DIR, detect_engine
+from pipeline.build.engine import PODMAN_CONFIG_DIR, detect_engine
 from pipeline.errors import RocwheelsError
 
 

@@ -23,7 +23,7 @@ import pytest
 from conftest import _raw_zip, _wheel_archive, _write_wheel, recipe_toml
 
 from pipeline.cli import main
-from pipeline.provenance import record_path
+from pipeline.verify.provenance import record_path
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "failure-modes.md"
@@ -118,7 +118,7 @@ def tampered_wheel(p: Project) -> Path:
 
 def with_record(p: Project) -> Path:
     """A wheel with a provenance record, then changed after the record was written."""
-    from pipeline.provenance import write_record
+    from pipeline.verify.provenance import write_record
 
     wheel = p.wheel()
     write_record(wheel, "f" * 64, {}, {"driver": "local"})
@@ -164,7 +164,7 @@ def htpasswd(text: str) -> Callable[[Project], None]:
 
 
 def good_htpasswd(p: Project) -> None:
-    from pipeline.serve import add_htpasswd_user
+    from pipeline.publish.serve import add_htpasswd_user
 
     add_htpasswd_user(p.root / "htpasswd", "alice", "pw")
 
@@ -180,7 +180,7 @@ def port_in_use(p: Project) -> None:
 def indexed_then(change: Callable[[Project], None]) -> Callable[[Project], None]:
     """A wheelhouse with a built index and constraints, then ``change``: the old index must survive."""
     def setup(p: Project) -> None:
-        from pipeline.index import build_static_index, write_constraints
+        from pipeline.publish.index import build_static_index, write_constraints
 
         p.wheel()
         build_static_index(p.wheelhouse)

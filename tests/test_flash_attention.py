@@ -25,10 +25,10 @@ from torch_line import (
     torch_wheel_dir,
 )
 
-from pipeline.cmd import run
-from pipeline.lock import load_lock
-from pipeline.recipes import load_recipes
-from pipeline.requirements import exact_requirements
+from pipeline.util.cmd import run
+from pipeline.config.lock import load_lock
+from pipeline.config.recipes import load_recipes
+from pipeline.repair.pins import exact_requirements
 
 SHIPPED = Path(__file__).parents[1] / "recipes"
 BACKEND = {"FLASH_ATTENTION_TRITON_AMD_ENABLE": "TRUE"}

@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import RocwheelsError
-from pipeline.lock import load_lock
-from pipeline.offload import parse_fatbin
-from pipeline.recipes import load_recipe
-from pipeline.wheelfile import check_wheel
+from pipeline.config.lock import load_lock
+from pipeline.wheel.offload import parse_fatbin
+from pipeline.config.recipes import load_recipe
+from pipeline.wheel.archive import check_wheel
 
 BOUNDED = settings(max_examples=150, deadline=None, database=None,
                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

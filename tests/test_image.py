@@ -18,10 +18,10 @@ import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from pipeline.cmd import run
-from pipeline.engine import Engine
+from pipeline.util.cmd import run
+from pipeline.build.engine import Engine
 from pipeline.errors import RocwheelsError
-from pipeline.image import BUILDER_REPOSITORY, PROJECT_ROOT, build_image
+from pipeline.build.image import BUILDER_REPOSITORY, PROJECT_ROOT, build_image
 
 PYTHON = "3.13"  # trixie's python3
 ARCHS = ("gfx90a", "gfx942")
@@ -71,7 +71,7 @@ def test_build_passes_the_build_args_and_stages_the_context(fake_podman: tuple[E
     assert (context / "Dockerfile").read_text() == (PROJECT_ROOT / "docker" / "Dockerfile.builder").read_text()
     assert (context / "builder" / "provision.sh").is_file()
     assert (context / "rocwheels" / "pyproject.toml").is_file()
-    assert (context / "rocwheels" / "pipeline" / "image.py").is_file()
+    assert (context / "rocwheels" / "pipeline" / "build" / "image.py").is_file()
     assert not list(context.rglob("__pycache__"))
     assert {p.name for p in (context / "constraints").iterdir()} == {
         "constraints-python312.txt",

@@ -11,14 +11,14 @@ from click.testing import CliRunner
 
 from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
-from pipeline.index import (
+from pipeline.publish.index import (
     build_static_index,
     file_sha256,
     wheels_by_label,
     write_constraints,
     write_requirements,
 )
-from pipeline.provenance import check_record, record_path, write_record
+from pipeline.verify.provenance import check_record, record_path, write_record
 
 CANARY = "rocm-canary"
 
@@ -196,7 +196,7 @@ def test_the_static_index_publishes_each_provenance_record_beside_its_wheel(tmp_
     import json
     from urllib.request import urlopen
 
-    from pipeline.provenance import write_record
+    from pipeline.verify.provenance import write_record
 
     wheelhouse = tmp_path / "wheelhouse"
     wheel = make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cmd import run
-from pipeline.index import build_static_index, write_constraints, write_requirements
-from pipeline.serve import add_htpasswd_user, running_pypiserver
+from pipeline.util.cmd import run
+from pipeline.publish.index import build_static_index, write_constraints, write_requirements
+from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 
 REPO = Path(__file__).resolve().parents[1]
 README_URL = "http://buildhost:8080/simple/"

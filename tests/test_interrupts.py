@@ -23,8 +23,8 @@ from conftest import _platform_wheel, _write_wheel
 from hip_wheels import EXT, Built
 from test_failures import _project
 
-from pipeline.cmd import run
-from pipeline.interrupts import PRIVATE_PREFIX
+from pipeline.util.cmd import run
+from pipeline.util.interrupts import PRIVATE_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNALS = pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
@@ -118,8 +118,8 @@ def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
     script = tmp_path / "download.py"
     with stalling_server() as (url, started):
         script.write_text(
-            "import logging, sys\nfrom pathlib import Path\nfrom pipeline.interrupts import interruptible\n"
-            "from pipeline.sources import _download\n"
+            "import logging, sys\nfrom pathlib import Path\nfrom pipeline.util.interrupts import interruptible\n"
+            "from pipeline.build.sources import _download\n"
             "from pipeline.errors import Interrupted\n"
             "try:\n    with interruptible():\n"
             f"        _download({url + 'file.tar.gz'!r}, '0' * 64, Path('r.toml'), 'f', logging.LoggerAdapter(logging.getLogger(), {{}}))\n"
@@ -234,7 +234,7 @@ def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:
     marker = tmp_path / "child-still-running"
     script = tmp_path / "child.py"
     script.write_text(
-        "import sys\nfrom pathlib import Path\nfrom pipeline.cmd import run\nfrom pipeline.interrupts import interruptible\n"
+        "import sys\nfrom pathlib import Path\nfrom pipeline.util.cmd import run\nfrom pipeline.util.interrupts import interruptible\n"
         "from pipeline.errors import Interrupted\n"
         "try:\n    with interruptible():\n"
         f"        run(['sh', '-c', 'sleep 3; touch {marker}'], log_file=Path({str(tmp_path / 'log')!r}))\n"

@@ -20,10 +20,10 @@ import pytest
 from elf_builds import Elf, build
 from hip_wheels import EXT
 
-from pipeline.analyze import TargetLayout
-from pipeline.cmd import run
-from pipeline.rocm_policy import LinkPackage
-from pipeline.verify import Expectations, verify_wheel
+from pipeline.wheel.analyze import TargetLayout
+from pipeline.util.cmd import run
+from pipeline.repair.policy import LinkPackage
+from pipeline.verify.verify import Expectations, verify_wheel
 
 
 @dataclass(frozen=True)

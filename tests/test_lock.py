@@ -8,8 +8,8 @@ import pytest
 from conftest import recipe_toml
 
 from pipeline.errors import ConfigError, RocwheelsError
-from pipeline.lock import check_lock, load_lock, select_line
-from pipeline.recipes import load_recipes
+from pipeline.config.lock import check_lock, load_lock, select_line
+from pipeline.config.recipes import load_recipes
 
 REPO = Path(__file__).resolve().parents[1]
 DIGEST = "@sha256:" + "0" * 64

@@ -20,7 +20,7 @@ def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
     # The first run: a process holding the wheelhouse lock (as `rocwheels wheels` does while it builds).
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time\nfrom pathlib import Path\nfrom pipeline.locking import wheelhouse_lock\n"
+         "import sys, time\nfrom pathlib import Path\nfrom pipeline.util.runlock import wheelhouse_lock\n"
          f"with wheelhouse_lock(Path({str(wheelhouse)!r})):\n    print('locked', flush=True)\n    sys.stdin.readline()\n"],
         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"

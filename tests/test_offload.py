@@ -16,13 +16,13 @@ import pytest
 import zstandard
 from conftest import HIP_ENV, REPO, offload_args
 
-from pipeline.analyze import TargetLayout
-from pipeline.cmd import run
-from pipeline.elf import read_elf
-from pipeline.engine import Engine
+from pipeline.wheel.analyze import TargetLayout
+from pipeline.util.cmd import run
+from pipeline.wheel.elf import read_elf
+from pipeline.build.engine import Engine
 from pipeline.errors import RocwheelsError
-from pipeline.lock import load_lock
-from pipeline.offload import (
+from pipeline.config.lock import load_lock
+from pipeline.wheel.offload import (
     HEADER_LIMIT,
     PLAIN_MAGIC,
     Bundle,
@@ -31,8 +31,8 @@ from pipeline.offload import (
     gpu_targets,
     parse_fatbin,
 )
-from pipeline.targets import parse_targets
-from pipeline.verify import ERROR, Expectations, verify_wheel
+from pipeline.config.targets import parse_targets
+from pipeline.verify.verify import ERROR, Expectations, verify_wheel
 
 # The two newest Instinct processors; the lock's debian-sid line records that its clang takes them.
 SID_TARGETS = ("gfx942", "gfx950")
@@ -282,7 +282,7 @@ LARGE_CODE_OBJECT = 64 << 20
 # the output.
 _MEASURE = """
 import json, re, sys, zstandard
-from pipeline.offload import parse_fatbin
+from pipeline.wheel.offload import parse_fatbin
 def peak():  # VmHWM, not ru_maxrss: that one starts from the parent's peak (Linux keeps it across exec)
     with open("/proc/self/status") as status:
         return int(re.search(r"^VmHWM:\\s+(\\d+) kB", status.read(), re.M).group(1)) << 10

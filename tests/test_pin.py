@@ -17,11 +17,11 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from pipeline.cmd import run
-from pipeline.engine import Engine
-from pipeline.image import image_id
-from pipeline.lock import load_lock
-from pipeline.pin import PIN_NOTE, ImageRef
+from pipeline.util.cmd import run
+from pipeline.build.engine import Engine
+from pipeline.build.image import image_id
+from pipeline.config.lock import load_lock
+from pipeline.config.pin import PIN_NOTE, ImageRef
 
 # What podman pushes (OCI) and what Docker pushes; the registry answers with the stored one.
 MANIFEST_TYPES = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"

@@ -10,10 +10,10 @@ import pytest
 from conftest import recipe_toml
 
 from pipeline.errors import ConfigError, RocwheelsError
-from pipeline.lock import load_lock
+from pipeline.config.lock import load_lock
 from pipeline.plan import build_order, default_jobs, describe, jobs_for, make_plan
-from pipeline.recipes import load_recipes
-from pipeline.targets import parse_targets
+from pipeline.config.recipes import load_recipes
+from pipeline.config.targets import parse_targets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -122,7 +122,7 @@ def test_plan_cli_unknown_target():
 
 
 def test_label_aliases_of_the_shipped_lock():
-    from pipeline.layout import Layout
+    from pipeline.config.layout import Layout
     from pipeline.plan import label_aliases
 
     assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2", "rocm72": "rocm7.2", "rocm100": "rocm10.0"}

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hip_wheels import EXT, PY_INCLUDE
 
-from pipeline.cmd import run
+from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
-from pipeline.analyze import analyze_wheel
-from pipeline.platform_tag import check_platform_tag
-from pipeline.repair import repair_wheel
-from pipeline.verify import Expectations, verify_wheel
+from pipeline.wheel.analyze import analyze_wheel
+from pipeline.wheel.platform_tag import check_platform_tag
+from pipeline.repair.repair import repair_wheel
+from pipeline.verify.verify import Expectations, verify_wheel
 
 EXTENSION = """#include <Python.h>
 int odd_fn(void);

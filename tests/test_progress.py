@@ -2,7 +2,7 @@
 
 import logging
 
-from pipeline import progress
+from pipeline.util import progress
 
 
 def test_heartbeat_off_a_terminal(monkeypatch, caplog):

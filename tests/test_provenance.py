@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO, canary_plan, recipe_toml
 
-from pipeline.analyze import analyze_wheel
-from pipeline.layout import Layout
-from pipeline.lock import load_lock
+from pipeline.wheel.analyze import analyze_wheel
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock
 from pipeline.plan import make_plan
-from pipeline.provenance import check_record, fingerprints, record_path
-from pipeline.recipes import load_recipes
-from pipeline.targets import parse_targets
+from pipeline.verify.provenance import check_record, fingerprints, record_path
+from pipeline.config.recipes import load_recipes
+from pipeline.config.targets import parse_targets
 from pipeline.wheels import make_wheels
 
 LOCK = """default_line = "l"

@@ -19,10 +19,10 @@ from test_serve import _wait_for
 
 from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
-from pipeline.index import file_sha256, write_requirements
-from pipeline.provenance import check_record, record_path, write_record
-from pipeline.publish import publish, resolve_repository
-from pipeline.serve import add_htpasswd_user, running_pypiserver
+from pipeline.publish.index import file_sha256, write_requirements
+from pipeline.verify.provenance import check_record, record_path, write_record
+from pipeline.publish.upload import publish, resolve_repository
+from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 
 USER = "builder"
 PASSWORD = "correct-horse-battery"  # the test checks that this never reaches a message or a log

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import ConfigError
-from pipeline.recipes import load_recipe, load_recipes
+from pipeline.config.recipes import load_recipe, load_recipes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -131,8 +131,8 @@ def test_build_wheel_pins_the_exact_build_it_names(tmp_path):
 
 
 def test_build_wheel_with_another_hash_is_refused_and_not_kept(tmp_path, monkeypatch):
-    from pipeline.log import recipe_logger
-    from pipeline.sources import fetch_build_wheels
+    from pipeline.util.log import recipe_logger
+    from pipeline.build.sources import fetch_build_wheels
 
     monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
     wheel = tmp_path / "torch-2.13.0-py3-none-any.whl"

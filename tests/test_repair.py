@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Built, Repaired, extract_wheel, members
 
-from pipeline.cmd import run
-from pipeline.elf import read_elf
+from pipeline.util.cmd import run
+from pipeline.wheel.elf import read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.repair import RepairSettings, _retag, repair_wheel
-from pipeline.rocm_policy import LinkPackage, load_policy
-from pipeline.wheelfile import check_wheel
+from pipeline.repair.repair import RepairSettings, _retag, repair_wheel
+from pipeline.repair.policy import LinkPackage, load_policy
+from pipeline.wheel.archive import check_wheel
 
 
 @pytest.mark.hipcc
@@ -258,7 +258,7 @@ def test_a_result_written_on_another_file_system_is_copied_into_the_wheelhouse(
 def test_a_script_without_a_main_guard_gets_the_fix(repaired: Repaired, tmp_path: Path) -> None:
     # The analysis process starts with multiprocessing's spawn, which runs the calling script again.
     script = tmp_path / "unguarded.py"
-    script.write_text("from pathlib import Path\nfrom pipeline.repair import repair_wheel\n"
+    script.write_text("from pathlib import Path\nfrom pipeline.repair.repair import repair_wheel\n"
                       f"repair_wheel(Path({str(repaired.raw)!r}), Path({str(tmp_path / 'out')!r}))\n")
     env = {**os.environ, "ROCWHEELS_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()

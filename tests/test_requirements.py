@@ -1,4 +1,4 @@
-"""Requires-Dist pinned to the exact builds an extension links against (pipeline/requirements.py)."""
+"""Requires-Dist pinned to the exact builds an extension links against (pipeline/repair/pins.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RocwheelsError
-from pipeline.requirements import exact_requirements, missing_pins, pin_requirements
+from pipeline.repair.pins import exact_requirements, missing_pins, pin_requirements
 
 FLASH_ATTN = """Metadata-Version: 2.1
 Name: flash_attn

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.elf import read_elf
+from pipeline.wheel.elf import read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.rocm_policy import load_policy, rocm_patterns
+from pipeline.repair.policy import load_policy, rocm_patterns
 
 
 @pytest.mark.parametrize(

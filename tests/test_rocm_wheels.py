@@ -15,22 +15,22 @@ from conftest import REPO
 from rich.console import Console
 from rocm_standin import VERSION, build_standin_wheels, hip_runtime_soname
 
-from pipeline.analyze import Kind, TargetLayout, analyze_wheel
-from pipeline.cmd import run
+from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
+from pipeline.util.cmd import run
 from pipeline.errors import ConfigError
 from pipeline.doctor import installed_torch_check
-from pipeline.index import write_constraints
-from pipeline.inspection import either_provider, inspect_wheel, render
-from pipeline.container import container_driver
-from pipeline.layout import Layout
-from pipeline.lock import load_lock
+from pipeline.publish.index import write_constraints
+from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
+from pipeline.build.container import container_driver
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock
 from pipeline.plan import make_plan
-from pipeline.publish import publish
-from pipeline.recipes import load_recipes
-from pipeline.rocm_policy import LinkPackage
-from pipeline.rocm_wheels import LIBRARY_FOLDERS, constraint_pins, mirror, package_links
-from pipeline.serve import add_htpasswd_user, running_pypiserver
-from pipeline.targets import parse_targets
+from pipeline.publish.upload import publish
+from pipeline.config.recipes import load_recipes
+from pipeline.repair.policy import LinkPackage
+from pipeline.config.rocm_wheels import LIBRARY_FOLDERS, constraint_pins, mirror, package_links
+from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.config.targets import parse_targets
 from pipeline.wheels import make_wheels
 
 LINE = "standin10.0"
@@ -267,7 +267,7 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
 
 
 def test_the_containers_repair_command_carries_the_wheels_provider(tmp_path):
-    from pipeline.repair import RepairSettings
+    from pipeline.repair.repair import RepairSettings
 
     line = load_lock(write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
     options = RepairSettings.for_recipe(None, line).cli_options()

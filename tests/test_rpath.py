@@ -1,4 +1,4 @@
-"""pipeline.rpath: search paths set or removed in place, as the loader and patchelf see them."""
+"""pipeline.wheel.rpath: search paths set or removed in place, as the loader and patchelf see them."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from elf_builds import Elf, build
 from elftools.elf.elffile import ELFFile
 
-from pipeline.cmd import run
-from pipeline.elf import read_elf
-from pipeline.repair import _patchelf
-from pipeline.rpath import set_rpath_in_place
+from pipeline.util.cmd import run
+from pipeline.wheel.elf import read_elf
+from pipeline.repair.repair import _patchelf
+from pipeline.wheel.rpath import set_rpath_in_place
 
 LONG = "{build}/a/build/machine/folder/that/is/long/enough/lib"
 

@@ -16,8 +16,8 @@ import pytest
 from passlib.apache import HtpasswdFile
 
 from pipeline.errors import RocwheelsError
-from pipeline.provenance import record_path, write_record
-from pipeline.serve import add_htpasswd_user, running_pypiserver
+from pipeline.verify.provenance import record_path, write_record
+from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 
 
 def test_htpasswd_users_are_added_and_updated(tmp_path):

@@ -1,7 +1,7 @@
 import pytest
 
 from pipeline.errors import RocwheelsError
-from pipeline.targets import GpuTarget, check_supported, format_targets, parse_targets, runs_on
+from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets, runs_on
 
 
 @pytest.mark.parametrize("arch", ["gfx90a;gfx942", "gfx90a,gfx942", "gfx90a gfx942", " gfx90a ; gfx942 ;", "gfx90a,gfx942,gfx90a"])

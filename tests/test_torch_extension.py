@@ -28,12 +28,12 @@ from torch_line import (
     torch_wheel_dir,
 )
 
-from pipeline.analyze import Kind, TargetLayout, analyze_wheel
-from pipeline.cmd import run
+from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
+from pipeline.util.cmd import run
 from pipeline.errors import CommandError
-from pipeline.recipes import load_recipes
-from pipeline.requirements import exact_requirements
-from pipeline.rocm_policy import LinkPackage
+from pipeline.config.recipes import load_recipes
+from pipeline.repair.pins import exact_requirements
+from pipeline.repair.policy import LinkPackage
 
 pytestmark = needs_torch_wheel
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Repaired
 
-from pipeline.analyze import TargetLayout
-from pipeline.cmd import run
-from pipeline.recipes import Smoke
-from pipeline.rocm_policy import LinkPackage
-from pipeline.verify import ERROR, Expectations, verify_wheel
-from pipeline.wheelfile import rewrite_wheel
+from pipeline.wheel.analyze import TargetLayout
+from pipeline.util.cmd import run
+from pipeline.config.recipes import Smoke
+from pipeline.repair.policy import LinkPackage
+from pipeline.verify.verify import ERROR, Expectations, verify_wheel
+from pipeline.wheel.archive import rewrite_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.hipcc

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import RocwheelsError
-from pipeline.wheelfile import (
+from pipeline.wheel.archive import (
     check_wheel,
     extract,
     open_wheel,

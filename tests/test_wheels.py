@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, canary_plan
 
-from pipeline.analyze import analyze_wheel
-from pipeline.layout import Layout
+from pipeline.wheel.analyze import analyze_wheel
+from pipeline.config.layout import Layout
 from pipeline.wheels import make_wheels
 
 pytestmark = pytest.mark.hipcc

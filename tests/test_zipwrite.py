@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import zipwrite
-from pipeline.cmd import run
+from pipeline.wheel import zipwrite
+from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
-from pipeline.wheelfile import check_wheel
-from pipeline.zipwrite import _BEHIND_FROM, CHUNK, Added, extract_members, record_rows, write_wheel
+from pipeline.wheel.archive import check_wheel
+from pipeline.wheel.zipwrite import _BEHIND_FROM, CHUNK, Added, extract_members, record_rows, write_wheel
 
 DIST_INFO = "demo-1.0.dist-info"
 # Several deflate chunks with a tail, half random (barely compressible) and half repetitive.

@@ -14,15 +14,15 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline.cmd import Result, run
-from pipeline.layout import Layout
-from pipeline.lock import load_lock
-from pipeline.log import recipe_logger
+from pipeline.util.cmd import Result, run
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock
+from pipeline.util.log import recipe_logger
 from pipeline.plan import select_plan
-from pipeline.publish import publish
-from pipeline.recipes import load_recipes
-from pipeline.serve import RunningIndex, add_htpasswd_user, running_pypiserver
-from pipeline.sources import fetch_build_wheels
+from pipeline.publish.upload import publish
+from pipeline.config.recipes import load_recipes
+from pipeline.publish.serve import RunningIndex, add_htpasswd_user, running_pypiserver
+from pipeline.build.sources import fetch_build_wheels
 from pipeline.wheels import Outcome, make_wheels
 
 RECIPES = Path(__file__).parent / "torch-recipes"

@@ -20,7 +20,7 @@ mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 here=$(cd "$(dirname "$0")" && pwd)
 
 if [ "$engine" = podman ]; then
-    # The same runtime settings rocwheels uses (pipeline/engine.py), unless the caller chose others.
+    # The same runtime settings rocwheels uses (pipeline/build/engine.py), unless the caller chose others.
     export CONTAINERS_CONF=${CONTAINERS_CONF:-$here/../podman/containers.conf}
     if [ "$(id -u)" = 0 ]; then
         export CONTAINERS_STORAGE_CONF=${CONTAINERS_STORAGE_CONF:-$here/../podman/storage.conf}

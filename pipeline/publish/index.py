@@ -1,0 +1,257 @@
+"""What the wheelhouse offers installers: a static PEP 503 index and exact pins per ROCm line.
+
+Wheels are grouped by their local version label (``+rocm6.2``): one ROCm line never mixes with
+another, so each line gets its own index tree (``simple/rocm6.2/``) and its own constraints file.
+"""
+
+from __future__ import annotations
+
+import html
+from html.parser import HTMLParser
+import logging
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
+from packaging.version import Version
+
+from pipeline.errors import RocwheelsError
+from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, PARTIAL_SUFFIX
+from pipeline.verify.provenance import Provenance, record_path
+from pipeline.build.sources import file_sha256
+from pipeline.wheel.archive import check_wheel
+
+log = logging.getLogger("rocwheels")
+
+# `simple` (INDEX_LINK) is a symlink to the newest complete generation, swapped in one rename: a
+# web server serving the wheelhouse sees the old index or the new one, never a half-written tree.
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    path: Path
+    project: NormalizedName  # PEP 503 normalized: the name index pages are keyed by
+    version: Version  # with its local label, e.g. 2.4.0+rocm6.2
+    sha256: str
+
+    @property
+    def label(self) -> str | None:
+        """The ROCm line this wheel belongs to (``rocm6.2``), or None for a wheel outside any line."""
+        local = self.version.local
+        return local if local and local.startswith("rocm") else None
+
+
+def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:
+    """The wheels lying directly in ``wheelhouse`` (the verified ones), hashed, sorted by file name.
+
+    Each must be a well-formed wheel (a text file named ``*.whl`` is not offered to installers),
+    and one with a provenance record must still be the file verify accepted: what is indexed,
+    pinned or uploaded is exactly the verified bytes.
+    """
+    wheels = []
+    for path in sorted(wheelhouse.glob("*.whl")):
+        try:
+            project, version, _build, _tags = parse_wheel_filename(path.name)
+        except InvalidWheelFilename as exc:
+            raise RocwheelsError(
+                f"{path}: not a valid wheel file name ({exc})",
+                fix="remove or rename the file; only verified wheels belong in the wheelhouse") from None
+        # Member hashes were checked by verify; the sha256 against the record below covers every byte since.
+        check_wheel(path, verify_hashes=False)
+        wheel = WheelFile(path, project, version, file_sha256(path))
+        _check_provenance(wheel)
+        wheels.append(wheel)
+    return tuple(wheels)
+
+
+def _check_provenance(wheel: WheelFile) -> None:
+    record = record_path(wheel.path)
+    if record.is_file() and Provenance.read(record).sha256 != wheel.sha256:
+        raise RocwheelsError(
+            f"{wheel.path}: its sha256 {wheel.sha256} is not the one verify accepted ({record.name}): "
+            "the file changed after it was verified",
+            fix=f"remove {wheel.path.name} and {record.name} and build it again (rocwheels wheels ... --force)")
+
+
+def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) -> dict[str, tuple[WheelFile, ...]]:
+    """The wheelhouse's wheels grouped by ROCm line label; wheels without one are left out (with a warning).
+
+    ``aliases`` maps a package's own label to its line's (vLLM labels itself ``rocm624`` on the
+    ``rocm6.2`` line), so a line's index and constraints hold all of its packages.
+    """
+    aliases = aliases or {}
+    lines: dict[str, list[WheelFile]] = defaultdict(list)
+    for wheel in scan_wheels(wheelhouse):
+        if wheel.label is None:
+            log.warning("%s: no +rocmX.Y local version label, left out of the per-line index and constraints",
+                        wheel.path.name)
+            continue
+        lines[aliases.get(wheel.label, wheel.label)].append(wheel)
+    if not lines:
+        raise RocwheelsError(f"no wheels with a +rocmX.Y local version label in {wheelhouse}",
+                             fix="build, repair and verify wheels first (they land in the wheelhouse)")
+    return {label: tuple(wheels) for label, wheels in sorted(lines.items())}
+
+
+# Grouped wheels of a wheelhouse (``wheels_by_label``): callers writing both the index and the
+# constraints group once, so multi-GB wheels are hashed once.
+Lines = Mapping[str, tuple[WheelFile, ...]]
+
+
+def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
+    """Write ``wheelhouse/simple/<label>/`` PEP 503 trees, one per ROCm line, and return their folders.
+
+    File links point back at the wheels (``../../../<file>#sha256=...``), so serving the wheelhouse
+    folder with any static web server (``python -m http.server -d wheelhouse``) serves the index.
+    PEP 691 JSON is not written: pip only asks for it through content negotiation, which a static
+    server does not do.
+    """
+    lines = lines if lines is not None else wheels_by_label(wheelhouse)
+    link = wheelhouse / INDEX_LINK
+    if link.exists() and not link.is_symlink():
+        raise RocwheelsError(f"{link} is a real folder; rocwheels keeps it as a link to the newest index",
+                             fix=f"remove {link} (rocwheels rebuilds it) and run the index build again")
+    generation = Path(tempfile.mkdtemp(prefix=GENERATION_PREFIX, dir=wheelhouse))
+    pending_link = wheelhouse / f"{generation.name}.link"
+    try:
+        for label, wheels in lines.items():
+            _write_line(generation / label, wheels)
+        generation.chmod(0o755)  # mkdtemp makes it 0700; a web server running as another user must read it
+        # Only a generation this function made is deleted, never whatever else a link might point at.
+        previous = link.resolve() if link.is_symlink() else None
+        pending_link.symlink_to(generation.name)
+        os.replace(pending_link, link)
+    except BaseException:
+        pending_link.unlink(missing_ok=True)
+        shutil.rmtree(generation, ignore_errors=True)
+        raise
+    if previous and previous.parent == wheelhouse.resolve() and previous.name.startswith(GENERATION_PREFIX):
+        shutil.rmtree(previous, ignore_errors=True)
+    for label, wheels in lines.items():
+        log.info("index %s: %d projects, %d files -> %s/", label, len({w.project for w in wheels}), len(wheels),
+                 link / label)
+    return tuple(link / label for label in lines)
+
+
+def _write_line(root: Path, wheels: tuple[WheelFile, ...]) -> None:
+    projects = _by_project(wheels)
+    anchors = [f'<a href="{quote(project)}/">{html.escape(project)}</a>' for project in sorted(projects)]
+    _write_page(root / "index.html", "Simple index", anchors)
+    for project, files in projects.items():
+        # <label>/<project>/ sits three levels below the wheelhouse, where the wheels are.
+        anchors = [f'<a href="../../../{quote(w.path.name)}#sha256={w.sha256}">{html.escape(w.path.name)}</a>'
+                   for w in sorted(files, key=lambda w: w.path.name)]
+        _write_page(root / project / "index.html", f"Links for {project}", anchors)
+
+
+def _by_project(wheels: tuple[WheelFile, ...]) -> dict[str, list[WheelFile]]:
+    projects: dict[str, list[WheelFile]] = defaultdict(list)
+    for wheel in wheels:
+        projects[wheel.project].append(wheel)
+    return projects
+
+
+def _write_page(path: Path, title: str, anchors: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = "<br>\n".join(anchors)
+    path.write_text(
+        "<!DOCTYPE html>\n<html>\n<head>\n"
+        '<meta name="pypi:repository-version" content="1.0">\n'
+        f"<title>{html.escape(title)}</title>\n</head>\n<body>\n<h1>{html.escape(title)}</h1>\n"
+        f"{body}\n</body>\n</html>\n",
+        encoding="utf-8",
+    )
+
+
+def write_constraints(wheelhouse: Path, lines: Lines | None = None, *,
+                      rocm_pins: Mapping[str, tuple[str, ...]] | None = None) -> tuple[Path, ...]:
+    """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
+
+    Pins only, no hashes: every pip takes them (pip before 26.1 refuses a constraints file with
+    hashes), and exact pins keep a higher version or a non-ROCm build from another index out.
+    ``rocm_pins`` (label -> pins) add a ``wheels`` line's ROCm packages, which come from AMD's index
+    (or a mirror) and are pinned by version only.
+    """
+    return _write_pin_files(wheelhouse, lines, _constraints_name, hashes=False, rocm_pins=rocm_pins or {})
+
+
+def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
+    """Write ``wheelhouse/requirements-<label>.txt`` per ROCm line: the same pins, each with the
+    sha256 of every one of its wheel files, for ``pip install --require-hashes -r`` (any pip):
+    only these exact files install, not another file published elsewhere under the same version.
+    """
+    return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True, rocm_pins={})
+
+
+def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[[str], str], *, hashes: bool,
+                     rocm_pins: Mapping[str, tuple[str, ...]]) -> tuple[Path, ...]:
+    written = []
+    lines = lines if lines is not None else wheels_by_label(wheelhouse)
+    check_pinnable(lines)
+    for label, wheels in lines.items():
+        pins = _by_project(wheels)
+        use = (f"pip install --require-hashes --no-deps -r {file_name(label)}" if hashes
+               else f"pip install -c {file_name(label)} ...")
+        text = [f"# {label} wheels built by rocwheels; use: {use}"]
+        for project, files in sorted(pins.items()):
+            pin = f"{project}=={files[0].version}"
+            if hashes:
+                pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
+            text.append(pin)
+        if rocm_pins.get(label):
+            text += ["# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", *rocm_pins[label]]
+        path = wheelhouse / file_name(label)
+        pending = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+        try:
+            pending.write_text("\n".join(text) + "\n", encoding="utf-8")
+            os.replace(pending, path)
+        except BaseException:
+            pending.unlink(missing_ok=True)
+            raise
+        log.info("%s: %d pins -> %s", path.name, len(pins), path)
+        written.append(path)
+    return tuple(written)
+
+
+def check_pinnable(lines: Lines) -> None:
+    """Each project has one version per line (a constraints file pins one): checked before anything is written."""
+    for label, wheels in lines.items():
+        for project, files in sorted(_by_project(wheels).items()):
+            versions = sorted({str(w.version) for w in files})
+            if len(versions) > 1:
+                names = ", ".join(w.path.name for w in files)
+                raise RocwheelsError(f"{project} has {len(versions)} versions in the {label} line ({names}); "
+                                     "a constraints file can pin only one",
+                                     fix="remove the wheels of the versions you do not want from the wheelhouse")
+
+
+def _constraints_name(label: str) -> str:
+    return f"constraints-{label}.txt"
+
+
+def _requirements_name(label: str) -> str:
+    return f"requirements-{label}.txt"
+
+
+class _Anchors(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        href = dict(attrs).get("href")
+        if tag == "a" and href:
+            self.hrefs.append(href)
+
+
+def page_links(page: str) -> list[str]:
+    """The ``<a href>`` targets of a PEP 503 project page, in order."""
+    anchors = _Anchors()
+    anchors.feed(page)
+    return anchors.hrefs

@@ -1,0 +1,1 @@
+"""Repair stage: make a raw wheel installable elsewhere without carrying ROCm."""

@@ -1,0 +1,1 @@
+"""Helpers every stage uses: running commands, signals, logging, progress, the run lock."""

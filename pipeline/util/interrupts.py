@@ -1,0 +1,82 @@
+"""One policy for SIGINT and SIGTERM: unwind, clean up, exit 130 or 143.
+
+Ctrl-C (SIGINT) and a CI cancel or timeout (SIGTERM) are treated alike: the first one raises
+:class:`~pipeline.errors.Interrupted` in the main thread, so every ``finally`` and ``except
+BaseException`` on the way out removes what it was writing (partial wheels, index generations,
+downloads). Temporary files of rocwheels and of the tools it runs (auditwheel unpacks a whole
+wheel into TMPDIR) go into one private folder that is removed on the way out, whatever left it
+there. Further signals during that cleanup are ignored so it can finish.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pipeline.errors import Interrupted
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PRIVATE_PREFIX = "rocwheels-run-"
+
+
+def _interrupt(signum: int, _frame: object) -> None:
+    for handled in SIGNALS:
+        signal.signal(handled, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+@contextmanager
+def held_while() -> Iterator[None]:
+    """Run the body with SIGINT/SIGTERM held back; the first that arrived is delivered when it ends.
+
+    For starting a child process: a signal raised inside ``Popen`` (or a process pool's start)
+    would orphan the child, delivered after it the caller's cleanup knows what to stop. Delivered
+    to whatever handler was in place (Interrupted under :func:`interruptible`). Only the main
+    thread receives Python's signals, so elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {signum: signal.signal(signum, lambda arrived, _frame: held.append(arrived)) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            signal.raise_signal(held[0])  # also over the body's own failure: the signal decides the exit
+
+
+@contextmanager
+def interruptible() -> Iterator[Path]:
+    """For one command's lifetime (main thread): signals unwind; TMPDIR is a private folder, removed at the end."""
+    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    # Held back until the cleanup below is in place: a signal in between would leave the folder.
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
+    saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
+    # Children inherit TMPDIR from the environment; this process's tempfile reads tempfile.tempdir.
+    os.environ["TMPDIR"] = tempfile.tempdir = str(private)
+    for signum in SIGNALS:
+        signal.signal(signum, _interrupt)
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        yield private
+    finally:
+        for signum in SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+        shutil.rmtree(private, ignore_errors=True)
+        tempfile.tempdir = saved_tempdir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,154 @@
+"""Provenance: what made each accepted wheel, so a stale wheel is never called up to date.
+
+Every recipe of a plan gets a *fingerprint*: a sha256 over everything that decides its wheel's
+content (the recipe at its version, the patches' and a local source folder's bytes, the lock
+line, the GPU targets, the driver, the build-environment constraints, rocwheels' version) and
+over the fingerprints of the recipes it depends on, so a change reaches every dependant and
+nothing else. Each wheel accepted into the wheelhouse gets ``<wheel>.provenance.json`` beside it:
+that fingerprint, the inputs in readable form, the toolchain and the wheel's own sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import rocwheels_version
+from pipeline.errors import RocwheelsError
+from pipeline.plan import Plan, Step
+from pipeline.build.sources import IGNORED_NAMES, file_sha256
+
+SUFFIX = ".provenance.json"
+# Bumped when the record's meaning changes: an older record then no longer matches.
+RECORD_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Provenance:
+    wheel: str
+    sha256: str
+    size: int
+    fingerprint: str
+    inputs: dict[str, Any]
+    toolchain: dict[str, str]
+    format: int = RECORD_FORMAT
+
+    @classmethod
+    def read(cls, path: Path) -> Provenance:
+        try:
+            return cls.parse(path.read_bytes())
+        except (OSError, ValueError, TypeError) as exc:
+            raise RocwheelsError(f"{path}: not a readable provenance record ({exc})",
+                                 fix="rebuild the wheel (make wheels ... --force) to write a new record") from None
+
+    @classmethod
+    def parse(cls, data: bytes) -> Provenance:
+        """The record in ``data`` (a record file's bytes); ValueError or TypeError when it is not one."""
+        fields = json.loads(data.decode("utf-8"))
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
+        return cls(**fields)
+
+
+def record_path(wheel: Path) -> Path:
+    return wheel.with_name(wheel.name + SUFFIX)
+
+
+def fingerprints(plan: Plan, recipes_dir: Path) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Each step's (fingerprint, inputs), dependencies first (the plan's order)."""
+    result: dict[str, tuple[str, dict[str, Any]]] = {}
+    for step in plan.steps:
+        inputs = _inputs(plan, step, recipes_dir)
+        inputs["depends_on"] = {dep: result[dep][0] for dep in step.recipe.depends_on}
+        result[step.name] = (_digest(inputs), inputs)
+    return result
+
+
+def _inputs(plan: Plan, step: Step, recipes_dir: Path) -> dict[str, Any]:
+    recipe = step.recipe
+    source = recipe.source
+    inputs: dict[str, Any] = {
+        "format": RECORD_FORMAT,
+        "recipe": recipe.model_dump(mode="json"),
+        "wheel_version": step.wheel_version,
+        "line": {"name": plan.line_name, **plan.line.model_dump(mode="json", exclude={"versions"})},
+        "targets": [str(target) for target in plan.targets],
+        "driver": plan.driver,
+        "patches": {patch: file_sha256(recipes_dir / patch) for patch in recipe.patches},
+        "constraints": file_sha256(step.constraints) if step.constraints else None,
+        "rocwheels": rocwheels_version(),
+    }
+    if source.path:
+        inputs["source_tree"] = tree_sha256(recipes_dir / source.path)
+    return inputs
+
+
+def tree_sha256(folder: Path) -> str:
+    """sha256 over the relative paths and bytes of a source folder (build products left out)."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder)
+        if path.is_dir() or any(part in IGNORED_NAMES or part.endswith(".egg-info") for part in relative.parts):
+            continue
+        digest.update(f"{relative.as_posix()}\0{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def write_record(wheel: Path, fingerprint: str, inputs: dict[str, Any], toolchain: dict[str, str]) -> Path:
+    """Write ``<wheel>.provenance.json`` beside the wheel, all at once."""
+    record = Provenance(wheel.name, file_sha256(wheel), wheel.stat().st_size, fingerprint, inputs, toolchain)
+    target = record_path(wheel)
+    partial = tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", suffix=".partial",
+                                          delete=False, encoding="utf-8")
+    try:
+        with partial:
+            json.dump(asdict(record), partial, indent=2, sort_keys=True)
+        os.chmod(partial.name, 0o644)
+        os.replace(partial.name, target)
+    except BaseException:
+        Path(partial.name).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def is_current(wheel: Path, fingerprint: str) -> bool:
+    """True when the wheel's record names this fingerprint and still describes this file.
+
+    Cheap on purpose (no hashing of multi-GB wheels): size and fingerprint; ``check_record``
+    (verify) compares the full sha256.
+    """
+    path = record_path(wheel)
+    if not path.is_file():
+        return False
+    try:
+        record = Provenance.read(path)
+    except RocwheelsError:
+        return False
+    return record.fingerprint == fingerprint and record.wheel == wheel.name and record.size == wheel.stat().st_size
+
+
+def check_record(wheel: Path) -> tuple[bool, str]:
+    """(ok, message) for the record beside ``wheel``; a wheel without one is ok but said so."""
+    path = record_path(wheel)
+    if not path.is_file():
+        return True, f"no provenance record ({path.name}) beside the wheel yet: rocwheels wheels writes it once the wheel passes"
+    try:
+        record = Provenance.read(path)
+    except RocwheelsError as exc:
+        return False, str(exc)
+    if record.wheel != wheel.name:
+        return False, f"{path.name} describes {record.wheel}, not this wheel"
+    actual = file_sha256(wheel)
+    if actual != record.sha256:
+        return False, (f"sha256 {actual} differs from the provenance record's {record.sha256}: the wheel changed after it was "
+                       f"verified (fix: rebuild it with rocwheels wheels ... --force)")
+    return True, f"fingerprint {record.fingerprint[:12]}, sha256 matches"

@@ -1,0 +1,1 @@
+"""Reading and writing wheels: archives, ELF files, offload bundles and search paths."""

@@ -1,0 +1,269 @@
+"""Wheel archives: safety checks, metadata, and atomic rewrites with a correct RECORD.
+
+Every stage that opens a wheel checks it here first. auditwheel answers a damaged wheel with a
+traceback (a RECORD naming files that are not there crashes it with FileNotFoundError) and pip
+with an unhelpful one; a member path with ``..`` could write outside the folder it is unpacked to.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import shutil
+import stat
+import zipfile
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from email.message import Message
+from email.parser import HeaderParser
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
+from packaging.version import InvalidVersion, Version
+
+from pipeline.errors import RocwheelsError
+from pipeline.wheel.zipwrite import Added, record_lines, write_wheel
+
+# Signatures over RECORD: any rewrite invalidates them, so a rewrite drops them.
+_RECORD_SIGNATURES = ("RECORD.jws", "RECORD.p7s")
+_COPY_CHUNK = 1 << 20
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_REBUILD = "rebuild the wheel; this file is damaged or was not written by a wheel build backend"
+
+
+@dataclass(frozen=True)
+class WheelInfo:
+    path: Path
+    name: str  # METADATA Name, as written
+    version: str  # METADATA Version
+    dist_info: str  # the folder inside the wheel: "rocm_canary-0.1.0.dist-info"
+    tags: tuple[str, ...]  # WHEEL "Tag" lines: "cp311-cp311-linux_x86_64"
+    root_is_purelib: bool
+
+    @property
+    def platform_tags(self) -> tuple[str, ...]:
+        """The platform part of the file name, split on dots: ("manylinux_2_28_x86_64",)."""
+        return tuple(self.path.name.removesuffix(".whl").rsplit("-", 1)[1].split("."))
+
+
+@contextmanager
+def open_wheel(path: Path) -> Iterator[zipfile.ZipFile]:
+    """Open ``path`` as a zip archive; damage found on opening or reading becomes a RocwheelsError."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except FileNotFoundError:
+        raise RocwheelsError(f"{path}: no such wheel", fix="check the path; built wheels are in the wheelhouse") from None
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise RocwheelsError(f"{path}: not a readable zip archive ({exc})", fix=_REBUILD) from None
+    with archive:
+        try:
+            yield archive
+        # Corrupt member data only shows up when it is read (bad CRC, broken deflate stream).
+        except (zipfile.BadZipFile, zlib.error, EOFError) as exc:
+            raise RocwheelsError(f"{path}: damaged zip archive ({exc})", fix=_REBUILD) from None
+
+
+def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
+    """Check that ``path`` is a wheel every later step can open safely, and describe it.
+
+    Checks the file name, that every member path stays inside the wheel, one ``.dist-info``
+    folder matching the name with WHEEL, METADATA and RECORD, and that RECORD and the archive
+    list the same files. ``verify_hashes`` (the default: every stage checks them, so a member
+    changed after the build is caught before repair writes a RECORD that hides the change) reads
+    every member and compares its RECORD hash and size. Symbolic links are refused: pip would
+    install them as regular files holding the link target's name.
+    """
+    try:
+        filename_name, filename_version, _, _ = parse_wheel_filename(path.name)
+    except InvalidWheelFilename as exc:
+        raise RocwheelsError(f"{path}: not a wheel file name ({exc})", fix="keep the name the build backend gave it") from None
+    with open_wheel(path) as archive:
+        infos = archive.infolist()
+        for info in infos:
+            _check_member_path(path, info.filename, "member")
+            if stat.S_ISLNK(info.external_attr >> 16):
+                raise RocwheelsError(
+                    f"{path}: member {info.filename} is a symbolic link; installers write it as a regular file",
+                    fix="build the wheel without symlinks (copy the file, or set the library's RPATH instead)")
+        repeated = sorted(name for name, count in Counter(i.filename for i in infos).items() if count > 1)
+        if repeated:
+            raise RocwheelsError(f"{path}: members stored more than once: {_some(repeated)}", fix=_REBUILD)
+        files = {info.filename for info in infos if not info.is_dir()}
+
+        dist_info = _dist_info_folder(path, files)
+        stem = dist_info.removesuffix(".dist-info")
+        info_name, _, info_version = stem.partition("-")
+        if canonicalize_name(info_name) != filename_name or not _same_version(info_version, filename_version):
+            raise RocwheelsError(
+                f"{path}: its folder {dist_info} does not match the file name ({filename_name} {filename_version})",
+                fix="rename the file after the project and version in METADATA, or rebuild the wheel",
+            )
+        for required in ("WHEEL", "METADATA", "RECORD"):
+            if f"{dist_info}/{required}" not in files:
+                raise RocwheelsError(f"{path}: {dist_info}/{required} is missing", fix=_REBUILD)
+
+        record = _read_record(path, archive, f"{dist_info}/RECORD")
+        unsigned = files - {f"{dist_info}/RECORD"} - {f"{dist_info}/{sig}" for sig in _RECORD_SIGNATURES}
+        listed_missing = sorted(set(record) - files)
+        if listed_missing:
+            raise RocwheelsError(
+                f"{path}: RECORD lists files the archive does not contain: {_some(listed_missing)}"
+                + _dist_info_hint(listed_missing, dist_info),
+                fix=_REBUILD,
+            )
+        unlisted = sorted(unsigned - set(record))
+        if unlisted:
+            raise RocwheelsError(f"{path}: files missing from RECORD: {_some(unlisted)}", fix=_REBUILD)
+        if verify_hashes:
+            _verify_hashes(path, archive, record)
+
+        wheel = _headers(archive, f"{dist_info}/WHEEL")
+        metadata = _headers(archive, f"{dist_info}/METADATA")
+    tags = tuple(wheel.get_all("Tag") or ())
+    name, version = metadata.get("Name"), metadata.get("Version")
+    if not tags or not name or not version:
+        missing = [what for what, value in (("WHEEL Tag", tags), ("METADATA Name", name), ("METADATA Version", version)) if not value]
+        raise RocwheelsError(f"{path}: {', '.join(missing)} missing", fix=_REBUILD)
+    return WheelInfo(
+        path=path,
+        name=name,
+        version=version,
+        dist_info=dist_info,
+        tags=tags,
+        root_is_purelib=(wheel.get("Root-Is-Purelib") or "").strip().lower() == "true",
+    )
+
+
+def extract(archive: zipfile.ZipFile, names: Iterable[str], dest: Path) -> dict[str, Path]:
+    """Extract members ``names`` (from a checked wheel) under ``dest``, keeping permission bits."""
+    extracted: dict[str, Path] = {}
+    for name in names:
+        info = archive.getinfo(name)
+        _check_member_path(Path(archive.filename or "wheel"), name, "member")
+        target = dest.joinpath(*PurePosixPath(name).parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with archive.open(info) as source, target.open("wb") as sink:
+            shutil.copyfileobj(source, sink, _COPY_CHUNK)
+        mode = (info.external_attr >> 16) & 0o777
+        if mode:
+            target.chmod(mode | 0o600)  # stay writable: the caller may patch it
+        extracted[name] = target
+    return extracted
+
+
+def rewrite_wheel(
+    source: Path,
+    dest: Path,
+    *,
+    replace: Mapping[str, bytes | Path] | None = None,
+    added: Mapping[str, Added] | None = None,
+    dropped: frozenset[str] = frozenset(),
+    compression_level: int = zlib.Z_DEFAULT_COMPRESSION,
+    threads: int | None = None,
+    force_zip64: bool = False,
+    yield_cpu: bool = False,
+) -> Path:
+    """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
+    ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD recomputed (see :func:`pipeline.wheel.zipwrite.write_wheel`).
+
+    Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
+    reproducible); unchanged ones keep their compressed bytes. ``dest`` appears atomically.
+    """
+    if not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION and compression_level != zlib.Z_DEFAULT_COMPRESSION:
+        raise ValueError(f"deflate level {compression_level} is not -1 or 0..9")
+    # Unchanged members keep their RECORD rows (a changed member stays visible to verify): no need
+    # to read them all here.
+    info = check_wheel(source, verify_hashes=False)
+    return write_wheel(
+        source, dest, record=f"{info.dist_info}/RECORD", changed=replace, added=added,
+        dropped=dropped | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES},
+        level=compression_level, threads=threads, force_zip64=force_zip64, yield_cpu=yield_cpu,
+    )
+
+
+def replace_platform_tag(filename: str, platform: str) -> str:
+    """``foo-1.0-cp311-cp311-linux_x86_64.whl`` with its platform part set to ``platform``."""
+    return f"{filename.removesuffix('.whl').rsplit('-', 1)[0]}-{platform}.whl"
+
+
+def _format_hash(digest: Any) -> str:  # a hashlib object
+    return f"{digest.name}={base64.urlsafe_b64encode(digest.digest()).rstrip(b'=').decode('ascii')}"
+
+
+def _check_member_path(wheel: Path, name: str, what: str) -> None:
+    if not name:
+        raise RocwheelsError(f"{wheel}: a {what} path is empty: no installer can write it", fix=_REBUILD)
+    parts = name.split("/")
+    if name.startswith("/") or _DRIVE.match(name) or "\\" in name or "\0" in name or ".." in parts:
+        raise RocwheelsError(
+            f"{wheel}: unsafe {what} path {name!r} (absolute, '..', or a backslash): it could be written outside the install folder",
+            fix="do not install or publish this wheel; rebuild it from trusted sources",
+        )
+
+
+def _dist_info_folder(path: Path, files: set[str]) -> str:
+    folders = sorted({name.split("/", 1)[0] for name in files if "/" in name and name.split("/", 1)[0].endswith(".dist-info")})
+    if len(folders) != 1:
+        found = f"found {', '.join(folders)}" if folders else "found none"
+        raise RocwheelsError(f"{path}: a wheel has exactly one top-level .dist-info folder; {found}", fix=_REBUILD)
+    return folders[0]
+
+
+def _same_version(a: str, b: Version) -> bool:
+    try:
+        return Version(a) == b
+    except InvalidVersion:
+        return False
+
+
+def _read_record(path: Path, archive: zipfile.ZipFile, name: str) -> dict[str, tuple[str, str]]:
+    record: dict[str, tuple[str, str]] = {}
+    for line, row in record_lines(archive, name):
+        if len(row) != 3:
+            raise RocwheelsError(f"{path}: {name} line {line} does not have 3 fields (path, hash, size)", fix=_REBUILD)
+        _check_member_path(path, row[0], "RECORD")
+        record[row[0]] = (row[1], row[2])
+    return record
+
+
+def _dist_info_hint(missing: list[str], dist_info: str) -> str:
+    named = sorted({m.split("/", 1)[0] for m in missing if m.split("/", 1)[0].endswith(".dist-info")} - {dist_info})
+    if not named:
+        return ""
+    return f" (RECORD names the folder {', '.join(named)}, but the wheel's is {dist_info})"
+
+
+def _verify_hashes(path: Path, archive: zipfile.ZipFile, record: dict[str, tuple[str, str]]) -> None:
+    for name, (recorded, size) in record.items():
+        if not recorded:
+            continue
+        algorithm, _, _ = recorded.partition("=")
+        if algorithm not in hashlib.algorithms_guaranteed or algorithm in ("md5", "sha1"):
+            raise RocwheelsError(f"{path}: RECORD hash for {name} uses {algorithm!r}", fix=_REBUILD)
+        digest = hashlib.new(algorithm)
+        length = 0
+        with archive.open(name) as data:
+            while chunk := data.read(_COPY_CHUNK):
+                digest.update(chunk)
+                length += len(chunk)
+        if _format_hash(digest) != recorded or (size and size != str(length)):
+            raise RocwheelsError(f"{path}: member {name} does not match its RECORD hash or size: it changed after the wheel was built",
+                                 fix="do not install, repair or publish this file; rebuild the wheel from its recipe")
+
+
+def _headers(archive: zipfile.ZipFile, name: str) -> Message:
+    return HeaderParser().parsestr(archive.read(name).decode("utf-8", errors="replace"))
+
+
+def _some(names: list[str], limit: int = 5) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

@@ -1,0 +1,155 @@
+"""What the pipeline reads from ELF files: dynamic linking names and paths, HIP fat binaries, and
+the GPU processor of standalone AMDGPU code objects.
+
+pyelftools reads lazily from the open file, so only headers, the dynamic section and
+``.hip_fatbin`` are read: a ROCm library can be hundreds of megabytes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from elftools.common.exceptions import ELFError
+from elftools.construct import ConstructError
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+
+from pipeline.errors import RocwheelsError
+
+ELF_MAGIC = b"\x7fELF"
+EF_AMDGPU_MACH = 0xFF  # e_flags bits naming the processor of an EM_AMDGPU (224) object
+
+# EF_AMDGPU_MACH values, from LLVM's AMDGPUUsage / llvm/BinaryFormat/ELF.h. gfx940 and gfx941 were
+# later removed from LLVM (their values are reserved now) but are still found in ROCm 5/6 builds.
+_AMDGPU_MACH = {
+    0x020: "gfx600", 0x021: "gfx601", 0x03A: "gfx602",
+    0x022: "gfx700", 0x023: "gfx701", 0x024: "gfx702", 0x025: "gfx703", 0x026: "gfx704",
+    0x03B: "gfx705",
+    0x028: "gfx801", 0x029: "gfx802", 0x02A: "gfx803", 0x03C: "gfx805", 0x02B: "gfx810",
+    0x02C: "gfx900", 0x02D: "gfx902", 0x02E: "gfx904", 0x02F: "gfx906", 0x030: "gfx908",
+    0x031: "gfx909", 0x03F: "gfx90a", 0x032: "gfx90c",
+    0x040: "gfx940", 0x04B: "gfx941", 0x04C: "gfx942", 0x04F: "gfx950",
+    0x033: "gfx1010", 0x034: "gfx1011", 0x035: "gfx1012", 0x042: "gfx1013",
+    0x036: "gfx1030", 0x037: "gfx1031", 0x038: "gfx1032", 0x039: "gfx1033", 0x03E: "gfx1034",
+    0x03D: "gfx1035", 0x045: "gfx1036",
+    0x041: "gfx1100", 0x046: "gfx1101", 0x047: "gfx1102", 0x044: "gfx1103",
+    0x043: "gfx1150", 0x04A: "gfx1151", 0x055: "gfx1152", 0x058: "gfx1153", 0x057: "gfx1154",
+    0x05D: "gfx1170", 0x05E: "gfx1171", 0x05C: "gfx1172",
+    0x048: "gfx1200", 0x04E: "gfx1201", 0x049: "gfx1250", 0x05A: "gfx1251",
+    0x050: "gfx1310",
+    0x051: "gfx9-generic", 0x05F: "gfx9-4-generic", 0x052: "gfx10-1-generic",
+    0x053: "gfx10-3-generic", 0x054: "gfx11-generic", 0x062: "gfx11-7-generic",
+    0x059: "gfx12-generic", 0x05B: "gfx12-5-generic", 0x063: "gfx13-generic",
+}
+
+
+class ElfError(RocwheelsError):
+    """A file that is not ELF, or an ELF file too damaged to read."""
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    """What the pipeline needs from one ELF file."""
+
+    machine: str  # pyelftools' name of e_machine: "EM_X86_64", "EM_AMDGPU"
+    soname: str | None
+    needed: tuple[str, ...]
+    # Entries split on ":"; an empty entry stays "" (the loader reads it as the current directory).
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+    hip_fatbin: bytes | None = field(repr=False)
+    amdgpu_processor: str | None  # from e_flags, for standalone AMDGPU code objects only
+
+
+def is_elf(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a regular file that starts with the ELF magic."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    with path.open("rb") as stream:
+        return stream.read(len(ELF_MAGIC)) == ELF_MAGIC
+
+
+def read_elf(path: str | os.PathLike[str], *, with_fatbin: bool = True) -> ElfInfo:
+    """The dynamic section entries, ``.hip_fatbin`` and GPU processor of the ELF file ``path``.
+
+    ``with_fatbin=False`` skips reading ``.hip_fatbin`` (hundreds of MB in a ROCm library).
+    """
+    try:
+        with open(path, "rb") as stream:
+            return _read(ELFFile(stream), os.fstat(stream.fileno()).st_size, with_fatbin)
+    except OSError as exc:
+        raise ElfError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    # pyelftools checks some fields of damaged files with assert.
+    except (ELFError, ConstructError, AssertionError, ValueError) as exc:
+        raise ElfError(f"{path}: not a readable ELF file: {exc}") from exc
+
+
+def amdgpu_processor(e_flags: int) -> str:
+    """The processor named by the EF_AMDGPU_MACH bits of an AMDGPU code object's e_flags."""
+    mach = e_flags & EF_AMDGPU_MACH
+    return _AMDGPU_MACH.get(mach, f"unknown EF_AMDGPU_MACH 0x{mach:02x}")
+
+
+def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
+    soname = None
+    needed: list[str] = []
+    rpath: list[str] = []
+    runpath: list[str] = []
+    for section in elf.iter_sections():
+        if not isinstance(section, DynamicSection):
+            continue
+        for tag in section.iter_tags():
+            kind = tag.entry.d_tag
+            if kind == "DT_SONAME":
+                soname = tag.soname
+            elif kind == "DT_NEEDED":
+                needed.append(tag.needed)
+            elif kind == "DT_RPATH":
+                rpath.extend(tag.rpath.split(":"))
+            elif kind == "DT_RUNPATH":
+                runpath.extend(tag.runpath.split(":"))
+    machine = str(elf["e_machine"])  # pyelftools gives a number for machines it does not know
+    return ElfInfo(
+        machine=machine,
+        soname=soname,
+        needed=tuple(needed),
+        rpath=tuple(rpath),
+        runpath=tuple(runpath),
+        hip_fatbin=_section_bytes(elf, ".hip_fatbin", file_size) if with_fatbin else None,
+        amdgpu_processor=amdgpu_processor(elf["e_flags"]) if machine == "EM_AMDGPU" else None,
+    )
+
+
+def section_span(path: str | os.PathLike[str], name: str) -> tuple[int, int] | None:
+    """(file offset, size) of section ``name`` of the ELF file ``path``, for reading it from a
+    mapping of the file rather than into memory; None if it has no such section."""
+    try:
+        with open(path, "rb") as stream:
+            elf = ELFFile(stream)
+            section = _section(elf, name, os.fstat(stream.fileno()).st_size)
+            return (section["sh_offset"], section["sh_size"]) if section is not None else None
+    except OSError as exc:
+        raise ElfError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except (ELFError, ConstructError, AssertionError, ValueError) as exc:
+        raise ElfError(f"{path}: not a readable ELF file: {exc}") from exc
+
+
+def _section_bytes(elf: ELFFile, name: str, file_size: int) -> bytes | None:
+    section = _section(elf, name, file_size)
+    return section.data() if section is not None else None
+
+
+def _section(elf: ELFFile, name: str, file_size: int) -> Any:  # a pyelftools Section
+    section = elf.get_section_by_name(name)
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return None
+    # Checked first: pyelftools would try to allocate a garbled size, and returns short data
+    # from a truncated file.
+    end = section["sh_offset"] + section["sh_size"]
+    if end > file_size:
+        raise ValueError(f"section {name} ends at 0x{end:x}, past the end of the file (0x{file_size:x} bytes)")
+    return section
