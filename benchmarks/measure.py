@@ -84,14 +84,17 @@ def main(argv: list[str]) -> int:
         sampler.stop()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     with open(result, "w") as out:
-        json.dump({
-            "returncode": returncode,
-            "seconds": seconds,
-            "maxrss_mb": usage.ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
-            "tree_peak_mb": sampler.peak / (1 << 20),
-            "user_s": usage.ru_utime,
-            "sys_s": usage.ru_stime,
-        }, out)
+        json.dump(
+            {
+                "returncode": returncode,
+                "seconds": seconds,
+                "maxrss_mb": usage.ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
+                "tree_peak_mb": sampler.peak / (1 << 20),
+                "user_s": usage.ru_utime,
+                "sys_s": usage.ru_stime,
+            },
+            out,
+        )
     return 0
 
 

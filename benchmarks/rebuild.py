@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The tests' redis-server helper (on a free loopback port, nothing kept on disk).
 sys.path.insert(0, str(ROOT / "tests"))
 from redis_server import running_redis  # noqa: E402
+
 ROCWHEELS = Path(sys.executable).parent / "rocwheels"
 NO_OP_SECONDS = 2.0
 _HITS = re.compile(r"sccache: \d+% hits \(\d+ of \d+ compilations\)")
@@ -34,10 +35,24 @@ _HITS = re.compile(r"sccache: \d+% hits \(\d+ of \d+ compilations\)")
 
 def timed_wheels(arch: str, work: Path, env: dict[str, str]) -> tuple[float, str]:
     """Seconds and output of `rocwheels wheels` for the canary with the local driver."""
-    argv = [str(ROCWHEELS), "--wheelhouse", str(work / "wheelhouse"), "--work-dir", str(work / "build"),
-            "wheels", "--arch", arch, "--driver", "local", "--recipes", "rocm-canary"]
+    argv = [
+        str(ROCWHEELS),
+        "--wheelhouse",
+        str(work / "wheelhouse"),
+        "--work-dir",
+        str(work / "build"),
+        "wheels",
+        "--arch",
+        arch,
+        "--driver",
+        "local",
+        "--recipes",
+        "rocm-canary",
+    ]
     started = time.monotonic()
-    result = subprocess.run(argv, env={**os.environ, **env}, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    result = subprocess.run(
+        argv, env={**os.environ, **env}, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     seconds = time.monotonic() - started
     if result.returncode != 0:
         print(result.stdout[-3000:])
@@ -70,12 +85,16 @@ def main() -> int:
     warm_hits = _HITS.search(warm_out)
     print(f"compiler cache ({url}, sccache):")
     print(f"  cold build  {cold:7.1f} s   {cold_hits.group(0) if cold_hits else 'no sccache line'}")
-    print(f"  warm build  {warm:7.1f} s   {warm_hits.group(0) if warm_hits else 'no sccache line'}   (after make clean)")
+    print(
+        f"  warm build  {warm:7.1f} s   {warm_hits.group(0) if warm_hits else 'no sccache line'}   (after make clean)"
+    )
     print(f"  cold/warm   {cold / warm:7.2f}x")
     built_again = "up to date" not in no_op_out  # the summary's status of the canary
     verdict = "PASS" if no_op < NO_OP_SECONDS and not built_again else "FAIL"
-    print(f"no-op make wheels {no_op:5.2f} s (target < {NO_OP_SECONDS:.0f} s, no build): {verdict}"
-          f"{' (it built)' if built_again else ''}")
+    print(
+        f"no-op make wheels {no_op:5.2f} s (target < {NO_OP_SECONDS:.0f} s, no build): {verdict}"
+        f"{' (it built)' if built_again else ''}"
+    )
     return 0 if verdict == "PASS" else 1
 
 

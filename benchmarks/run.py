@@ -24,19 +24,18 @@ import subprocess
 import sys
 import sysconfig
 import time
+import tomllib
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
-
 # testwheel sits beside this file, and python puts this file's folder on sys.path.
 from testwheel import describe, ensure_test_wheel
 
-from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import load_policy
+from pipeline.util.cmd import run
 from pipeline.wheel.archive import check_wheel
 
 HERE = Path(__file__).resolve().parent
@@ -74,6 +73,7 @@ def _task(name: str, *, one_core: bool = False, with_out: bool = True) -> Callab
         pinned = ["taskset", "-c", str(min(os.sched_getaffinity(0)))] if one_core else []
         extra = [str(out), str(log)] if name == "repair" else [str(out)] if with_out else []
         return [*pinned, PYTHON, str(HERE / "tasks.py"), name, str(wheel), *extra]
+
     return command
 
 
@@ -84,11 +84,25 @@ MEASUREMENTS = (
     Measurement("copy", "file copy", _task("copy"), samples=QUICK_SAMPLES),
     Measurement("auditwheel-repair-fixed", "  no change: auditwheel repair", _auditwheel_repair, fixed=True),
     Measurement("repair-fixed", "  no change: rocwheels repair", _task("repair"), fixed=True, samples=QUICK_SAMPLES),
-    Measurement("repair-fixed-judged", "  no change: rocwheels repair, empty cache", _task("repair"), fixed=True, fresh_cache=True),
+    Measurement(
+        "repair-fixed-judged",
+        "  no change: rocwheels repair, empty cache",
+        _task("repair"),
+        fixed=True,
+        fresh_cache=True,
+    ),
     Measurement("copy-fixed", "  no change: file copy", _task("copy"), fixed=True, samples=QUICK_SAMPLES),
-    Measurement("auditwheel-show", "auditwheel show (reference)", lambda wheel, out, log: [PYTHON, "-m", "auditwheel", "show", str(wheel)]),
+    Measurement(
+        "auditwheel-show",
+        "auditwheel show (reference)",
+        lambda wheel, out, log: [PYTHON, "-m", "auditwheel", "show", str(wheel)],
+    ),
     Measurement("analyze", "rocwheels analyze_wheel", _task("analyze", with_out=False)),
-    Measurement("inspect", "rocwheels inspect (the command)", lambda wheel, out, log: [PYTHON, "-m", "pipeline", "inspect", str(wheel)]),
+    Measurement(
+        "inspect",
+        "rocwheels inspect (the command)",
+        lambda wheel, out, log: [PYTHON, "-m", "pipeline", "inspect", str(wheel)],
+    ),
 )
 # Printed for every wheel, (measured, reference); the targets of targets.toml are among them.
 RATIOS = (
@@ -106,15 +120,22 @@ RATIOS = (
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=400, help="unpacked size of the generated wheel (default 400)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement; the median is reported (default 3)")
-    parser.add_argument("--cache", type=Path, default=ROOT / "build" / "bench", help="where the wheels and run files go")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="runs of each measurement; the median is reported (default 3)"
+    )
+    parser.add_argument(
+        "--cache", type=Path, default=ROOT / "build" / "bench", help="where the wheels and run files go"
+    )
     parser.add_argument("--skip-zip64", action="store_true", help="skip the wheel above 4 GiB (writes ~4.3 GB twice)")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.size_mb < 10:
         parser.error("--repeat must be >= 1 and --size-mb >= 10")
     cache = args.cache.resolve()
     started = time.monotonic()
-    print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start", flush=True)
+    print(
+        f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start",
+        flush=True,
+    )
     try:
         # Byte-compiled, as pip leaves an installed package: with PYTHONDONTWRITEBYTECODE set every
         # measured process would compile rocwheels' sources again, which no user pays.
@@ -142,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report["load_average_end"] = os.getloadavg()
     (cache / "results.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\nload average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}; benchmark took "
-          f"{time.monotonic() - started:.0f} s; raw numbers in {cache / 'results.json'}")
+    print(
+        f"\nload average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}; benchmark took "
+        f"{time.monotonic() - started:.0f} s; raw numbers in {cache / 'results.json'}"
+    )
     for failure in failed:
         print(f"FAIL {failure}")
     return 1 if failed else 0
@@ -157,12 +180,28 @@ def _pypi_wheels(folder: Path) -> list[Path]:
         pattern = f"{name.replace('-', '_')}-{version}-*.whl"
         if not list(folder.glob(pattern)):
             print(f"downloading {requirement} from PyPI (once)", flush=True)
-            run([PYTHON, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-                 "--disable-pip-version-check", "-d", folder, requirement])
+            run(
+                [
+                    PYTHON,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary=:all:",
+                    "--python-version",
+                    "3.11",
+                    "--disable-pip-version-check",
+                    "-d",
+                    folder,
+                    requirement,
+                ]
+            )
         (wheel,) = folder.glob(pattern)
         if wheel.stat().st_size < 70 * MB:
-            raise RocwheelsError(f"{wheel.name} is {wheel.stat().st_size / MB:.1f} MB, not the >= 70 MB the benchmark needs",
-                                 fix="pin another release in PYPI_WHEELS")
+            raise RocwheelsError(
+                f"{wheel.name} is {wheel.stat().st_size / MB:.1f} MB, not the >= 70 MB the benchmark needs",
+                fix="pin another release in PYPI_WHEELS",
+            )
         found.append(wheel)
     return found
 
@@ -179,11 +218,15 @@ def _run_once(m: Measurement, wheel: Path, run_dir: Path, round_: int, env: dict
         run_env["ROCWHEELS_CACHE"] = str(run_dir / f"empty-cache-{round_}-{m.key}")
     command = m.command(wheel, out, logs / f"{m.key}.repair.log")
     os.sync()  # the previous run's dirty pages are written back now, not during this one
-    subprocess.run([PYTHON, str(HERE / "measure.py"), str(result_file), str(log), "--", *command], env=run_env, check=True)
+    subprocess.run(
+        [PYTHON, str(HERE / "measure.py"), str(result_file), str(log), "--", *command], env=run_env, check=True
+    )
     result = json.loads(result_file.read_text())
     if result["returncode"] != 0:
-        raise RocwheelsError(f"{m.label} failed with exit code {result['returncode']}: {' '.join(command)}",
-                             fix=f"see its output in {log}")
+        raise RocwheelsError(
+            f"{m.label} failed with exit code {result['returncode']}: {' '.join(command)}",
+            fix=f"see its output in {log}",
+        )
     outputs = sorted(out.glob("*.whl"))
     result["output_mb"] = sum(p.stat().st_size for p in outputs) / MB if outputs else None
     result["load_average"] = os.getloadavg()[0]
@@ -199,7 +242,11 @@ def _measure_wheel(wheel: Path, run_dir: Path, repeat: int) -> tuple[dict[str, l
     # The wheel repaired once, not measured: the no-change input, and the note rocwheels keeps of it.
     fixed_dir = run_dir / "fixed"
     fixed_dir.mkdir()
-    subprocess.run([PYTHON, str(HERE / "tasks.py"), "repair", str(wheel), str(fixed_dir), str(run_dir / "fixed.log")], env=env, check=True)
+    subprocess.run(
+        [PYTHON, str(HERE / "tasks.py"), "repair", str(wheel), str(fixed_dir), str(run_dir / "fixed.log")],
+        env=env,
+        check=True,
+    )
     (fixed,) = fixed_dir.glob("*.whl")
     for path in (wheel, fixed):
         _warm_page_cache(path)
@@ -213,11 +260,17 @@ def _measure_wheel(wheel: Path, run_dir: Path, repeat: int) -> tuple[dict[str, l
                 results[m.key].append(result)
                 if output:
                     kept[m.key] = output
-                print(f"  round {round_}/{repeat}  {m.label:<48} {result['seconds']:7.2f} s  {result['maxrss_mb']:7.1f} MB"
-                      f"  (load {result['load_average']:.1f})", flush=True)
+                print(
+                    f"  round {round_}/{repeat}  {m.label:<48} {result['seconds']:7.2f} s  {result['maxrss_mb']:7.1f} MB"
+                    f"  (load {result['load_average']:.1f})",
+                    flush=True,
+                )
     problems = _compare_with_auditwheel(wheel, kept["repair"], kept["auditwheel-repair"])
-    problems += [f"the no-change wheel was not copied as it is ({key})" for key in ("repair-fixed", "repair-fixed-judged")
-                 if _sha256(kept[key]) != _sha256(fixed)]
+    problems += [
+        f"the no-change wheel was not copied as it is ({key})"
+        for key in ("repair-fixed", "repair-fixed-judged")
+        if _sha256(kept[key]) != _sha256(fixed)
+    ]
     shutil.rmtree(run_dir / "out", ignore_errors=True)
     return results, problems
 
@@ -235,18 +288,25 @@ def _compare_with_auditwheel(raw: Path, ours: Path, theirs: Path) -> list[str]:
         our_names = {i.filename for i in o.infolist() if not i.is_dir()}
         their_names = {i.filename for i in t.infolist() if not i.is_dir()}
         if our_names != their_names:
-            problems.append(f"members differ: only ours {sorted(our_names - their_names)[:5]}, only auditwheel's {sorted(their_names - our_names)[:5]}")
+            problems.append(
+                f"members differ: only ours {sorted(our_names - their_names)[:5]}, only auditwheel's {sorted(their_names - our_names)[:5]}"
+            )
         grafted = sorted(n for n in our_names if ".libs/" in n)
         if grafted != sorted(n for n in their_names if ".libs/" in n):
             problems.append("grafted libraries differ")
         patched = [n for n in our_names & set(raw_crc) if (o.getinfo(n).CRC, o.getinfo(n).file_size) != raw_crc[n]]
-        unpatched = sorted((our_names & their_names) - set(patched) - {n for n in our_names if n.endswith(".dist-info/RECORD")})
+        unpatched = sorted(
+            (our_names & their_names) - set(patched) - {n for n in our_names if n.endswith(".dist-info/RECORD")}
+        )
         differing = [n for n in unpatched if _member_sha256(o, n) != _member_sha256(t, n)]
         if differing:
             problems.append(f"unpatched members differ from auditwheel's: {differing[:5]}")
-    print(f"  check against auditwheel's output: {len(unpatched)} unpatched members byte-identical, "
-          f"{len(patched)} patched ({', '.join(sorted(patched))[:200]}), {len(grafted)} grafted, tag {our_tag[0]}: "
-          f"{'OK' if not problems else '; '.join(problems)}", flush=True)
+    print(
+        f"  check against auditwheel's output: {len(unpatched)} unpatched members byte-identical, "
+        f"{len(patched)} patched ({', '.join(sorted(patched))[:200]}), {len(grafted)} grafted, tag {our_tag[0]}: "
+        f"{'OK' if not problems else '; '.join(problems)}",
+        flush=True,
+    )
     return problems
 
 
@@ -272,14 +332,31 @@ def _zip64(generated: Path, cache: Path) -> dict:
     wheel = folder / "rocbigwheel-1.0-cp311-cp311-linux_x86_64.whl"
     if not wheel.exists():
         print(f"\nmaking a {ZIP64_BYTES / (1 << 30):.2f} GiB wheel (once)", flush=True)
-        subprocess.run([PYTHON, str(HERE / "tasks.py"), "bigwheel", str(generated), str(wheel), str(ZIP64_BYTES)], check=True)
+        subprocess.run(
+            [PYTHON, str(HERE / "tasks.py"), "bigwheel", str(generated), str(wheel), str(ZIP64_BYTES)], check=True
+        )
     out = folder / "out"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
     result_file = folder / "repair.json"
     env = {**os.environ, "ROCWHEELS_CACHE": str(folder / "rocwheels-cache")}
-    subprocess.run([PYTHON, str(HERE / "measure.py"), str(result_file), str(folder / "repair.out"), "--",
-                    PYTHON, str(HERE / "tasks.py"), "repair", str(wheel), str(out), str(folder / "repair.log")], env=env, check=True)
+    subprocess.run(
+        [
+            PYTHON,
+            str(HERE / "measure.py"),
+            str(result_file),
+            str(folder / "repair.out"),
+            "--",
+            PYTHON,
+            str(HERE / "tasks.py"),
+            "repair",
+            str(wheel),
+            str(out),
+            str(folder / "repair.log"),
+        ],
+        env=env,
+        check=True,
+    )
     result = json.loads(result_file.read_text())
     problems = [] if result["returncode"] == 0 else [f"repair failed, see {folder / 'repair.out'}"]
     (repaired,) = out.glob("*.whl") or [None]
@@ -288,9 +365,12 @@ def _zip64(generated: Path, cache: Path) -> dict:
         unzip = subprocess.run(["unzip", "-tq", str(repaired)], capture_output=True, text=True)
         if unzip.returncode != 0:
             problems.append(f"unzip -t: {unzip.stdout.strip()} {unzip.stderr.strip()}")
-        print(f"\nZIP64: {wheel.stat().st_size / (1 << 30):.2f} GiB wheel repaired in {result['seconds']:.1f} s, "
-              f"peak RSS {result['maxrss_mb']:.0f} MB -> {repaired.stat().st_size / (1 << 30):.2f} GiB; RECORD hashes "
-              f"checked, unzip -t: {unzip.stdout.strip().splitlines()[-1] if unzip.stdout.strip() else unzip.returncode}", flush=True)
+        print(
+            f"\nZIP64: {wheel.stat().st_size / (1 << 30):.2f} GiB wheel repaired in {result['seconds']:.1f} s, "
+            f"peak RSS {result['maxrss_mb']:.0f} MB -> {repaired.stat().st_size / (1 << 30):.2f} GiB; RECORD hashes "
+            f"checked, unzip -t: {unzip.stdout.strip().splitlines()[-1] if unzip.stdout.strip() else unzip.returncode}",
+            flush=True,
+        )
         shutil.rmtree(out)
     return {"result": result, "problems": problems}
 
@@ -319,12 +399,16 @@ def _summarize(results: dict[str, list[dict]]) -> dict[str, dict]:
 
 
 def _print_table(summary: dict[str, dict]) -> None:
-    print(f"\n  {'measurement':<48} {'median s':>9} {'min-max s':>13} {'CPU s':>7} {'peak RSS MB':>12} {'output MB':>10} {'load':>5}")
+    print(
+        f"\n  {'measurement':<48} {'median s':>9} {'min-max s':>13} {'CPU s':>7} {'peak RSS MB':>12} {'output MB':>10} {'load':>5}"
+    )
     for m in MEASUREMENTS:
         s = summary[m.key]
         output = f"{s['output_mb']:.1f}" if s["output_mb"] is not None else "-"
-        print(f"  {m.label:<48} {s['seconds']:9.2f} {s['min_s']:6.2f}-{s['max_s']:<6.2f} {s['cpu_s']:7.1f} "
-              f"{s['maxrss_mb']:12.1f} {output:>10} {s['load_average']:5.1f}")
+        print(
+            f"  {m.label:<48} {s['seconds']:9.2f} {s['min_s']:6.2f}-{s['max_s']:<6.2f} {s['cpu_s']:7.1f} "
+            f"{s['maxrss_mb']:12.1f} {output:>10} {s['load_average']:5.1f}"
+        )
 
 
 def _ratio(summary: dict[str, dict], measured: str, reference: str, metric: str) -> float:
@@ -334,8 +418,10 @@ def _ratio(summary: dict[str, dict], measured: str, reference: str, metric: str)
 def _print_ratios(summary: dict[str, dict]) -> None:
     print(f"\n  {'ratios (same run, same wheel)':<52} {'time':>8} {'peak RSS':>9}")
     for measured, reference in RATIOS:
-        print(f"  {measured + ' / ' + reference:<52} {_ratio(summary, measured, reference, 'seconds'):7.3f}x "
-              f"{_ratio(summary, measured, reference, 'maxrss_mb'):8.2f}x")
+        print(
+            f"  {measured + ' / ' + reference:<52} {_ratio(summary, measured, reference, 'seconds'):7.3f}x "
+            f"{_ratio(summary, measured, reference, 'maxrss_mb'):8.2f}x"
+        )
 
 
 def _check_targets(summary: dict[str, dict], targets: list[dict]) -> list[str]:
@@ -344,8 +430,10 @@ def _check_targets(summary: dict[str, dict], targets: list[dict]) -> list[str]:
         ratio = _ratio(summary, target["measured"], target["reference"], target["metric"])
         ok = ratio <= target["max_ratio"]
         metric = "time" if target["metric"] == "seconds" else "peak RSS"
-        print(f"  {'PASS' if ok else 'FAIL'}  {target['name']:<26} {target['measured']} / {target['reference']} {metric}: "
-              f"{ratio:.3f}x (target <= {target['max_ratio']:.3f}x)")
+        print(
+            f"  {'PASS' if ok else 'FAIL'}  {target['name']:<26} {target['measured']} / {target['reference']} {metric}: "
+            f"{ratio:.3f}x (target <= {target['max_ratio']:.3f}x)"
+        )
         if not ok:
             failed.append(target["name"])
     return failed

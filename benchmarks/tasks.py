@@ -1,10 +1,10 @@
 """The measured work that is Python code rather than a command: run in a child process by measure.py.
 
-    python tasks.py copy WHEEL OUT_DIR
-    python tasks.py rewrite WHEEL OUT_DIR        read every member, write a new zip at deflate 6
-    python tasks.py repair WHEEL OUT_DIR LOG     pipeline.repair.repair.repair_wheel with its defaults
-    python tasks.py analyze WHEEL                pipeline.wheel.analyze.analyze_wheel
-    python tasks.py bigwheel WHEEL OUT BYTES     a wheel of WHEEL's smallest library and BYTES of data (ZIP64)
+python tasks.py copy WHEEL OUT_DIR
+python tasks.py rewrite WHEEL OUT_DIR        read every member, write a new zip at deflate 6
+python tasks.py repair WHEEL OUT_DIR LOG     pipeline.repair.repair.repair_wheel with its defaults
+python tasks.py analyze WHEEL                pipeline.wheel.analyze.analyze_wheel
+python tasks.py bigwheel WHEEL OUT BYTES     a wheel of WHEEL's smallest library and BYTES of data (ZIP64)
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ def copy(wheel: Path, out: Path) -> None:
 
 def rewrite(wheel: Path, out: Path) -> None:
     """The floor for any tool that re-compresses a wheel: streamed, so memory stays small."""
-    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(out / wheel.name, "w", zipfile.ZIP_DEFLATED, compresslevel=REWRITE_LEVEL) as dest:
+    with (
+        zipfile.ZipFile(wheel) as source,
+        zipfile.ZipFile(out / wheel.name, "w", zipfile.ZIP_DEFLATED, compresslevel=REWRITE_LEVEL) as dest,
+    ):
         for member in source.infolist():
             info = zipfile.ZipInfo(member.filename, member.date_time)
             info.external_attr = member.external_attr
@@ -36,8 +39,8 @@ def rewrite(wheel: Path, out: Path) -> None:
 
 
 def repair(wheel: Path, out: Path, log: Path) -> None:
-    from pipeline.util.log import setup_logging
     from pipeline.repair.repair import repair_wheel
+    from pipeline.util.log import setup_logging
 
     setup_logging()  # the "repaired ... (auditwheel x s, RPATHs ..., write ...)" line, parsed by run.py
     repair_wheel(wheel, out, log_file=log)  # default RepairSettings: the ROCm excludes only
@@ -92,7 +95,7 @@ def bigwheel(source: Path, out: Path, size: str) -> None:
         digest, left = hashlib.sha256(), int(size)
         with wheel.open(info, "w", force_zip64=True) as sink:
             while left:
-                piece = block[:min(left, len(block))]
+                piece = block[: min(left, len(block))]
                 sink.write(piece)
                 digest.update(piece)
                 left -= len(piece)
@@ -100,7 +103,9 @@ def bigwheel(source: Path, out: Path, size: str) -> None:
         for name, data in small.items():
             wheel.writestr(zipfile.ZipInfo(name, ZIP_DATE), data, zipfile.ZIP_DEFLATED)
             rows.append(f"{name},sha256={b64(hashlib.sha256(data).digest())},{len(data)}")
-        wheel.writestr(zipfile.ZipInfo(f"{dist_info}/RECORD", ZIP_DATE), "\n".join([*rows, f"{dist_info}/RECORD,,"]) + "\n")
+        wheel.writestr(
+            zipfile.ZipInfo(f"{dist_info}/RECORD", ZIP_DATE), "\n".join([*rows, f"{dist_info}/RECORD,,"]) + "\n"
+        )
     partial.rename(out)
 
 

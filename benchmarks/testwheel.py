@@ -37,8 +37,8 @@ from pathlib import Path
 
 import zstandard
 
-from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
 
 # Bump when the wheel's make-up changes: cached wheels of another version are not reused.
 GENERATOR_VERSION = 2
@@ -102,9 +102,14 @@ def ensure_test_wheel(cache: Path, size_mb: int) -> TestWheel:
     """The cached test wheel of ``size_mb`` unpacked megabytes, generated first if missing."""
     hipcc = shutil.which("hipcc")
     if hipcc is None:
-        raise RocwheelsError("hipcc is not on PATH: the benchmark wheel holds real HIP code", fix="apt-get install -y hipcc (make bench does)")
+        raise RocwheelsError(
+            "hipcc is not on PATH: the benchmark wheel holds real HIP code",
+            fix="apt-get install -y hipcc (make bench does)",
+        )
     python_tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    key = hashlib.sha256(json.dumps([GENERATOR_VERSION, size_mb, python_tag, sysconfig.get_config_var("EXT_SUFFIX")]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps([GENERATOR_VERSION, size_mb, python_tag, sysconfig.get_config_var("EXT_SUFFIX")]).encode()
+    ).hexdigest()[:12]
     folder = cache / "wheels" / f"{size_mb}mb-{key}"
     manifest_file = folder / "manifest.json"
     if manifest_file.is_file():
@@ -147,7 +152,9 @@ class _Filler:
     """
 
     def __init__(self) -> None:
-        self.files = sorted(p for p in SYSTEM_LIB_DIR.glob("*.so*") if p.is_file() and not p.is_symlink() and _is_elf(p))
+        self.files = sorted(
+            p for p in SYSTEM_LIB_DIR.glob("*.so*") if p.is_file() and not p.is_symlink() and _is_elf(p)
+        )
         if not self.files:
             raise RocwheelsError(f"no shared libraries in {SYSTEM_LIB_DIR} to take real ELF bytes from")
         self._stream = self._chunks()
@@ -183,11 +190,18 @@ def _probe_targets(hipcc: str, work: Path) -> tuple[str, ...]:
     source = work / "probe.hip"
     source.write_text("#include <hip/hip_runtime.h>\n__global__ void k(float* x) { x[0] = 1; }\n")
     targets = tuple(
-        t for t in CANDIDATE_TARGETS
-        if run([hipcc, "--genco", f"--offload-arch={t}", source, "-o", work / f"probe-{t}.co"], env=HIP_ENV, check=False).returncode == 0
+        t
+        for t in CANDIDATE_TARGETS
+        if run(
+            [hipcc, "--genco", f"--offload-arch={t}", source, "-o", work / f"probe-{t}.co"], env=HIP_ENV, check=False
+        ).returncode
+        == 0
     )
     if not targets:
-        raise RocwheelsError(f"hipcc compiles for none of {', '.join(CANDIDATE_TARGETS)}", fix="check the hipcc install (HIP_PLATFORM=amd)")
+        raise RocwheelsError(
+            f"hipcc compiles for none of {', '.join(CANDIDATE_TARGETS)}",
+            fix="check the hipcc install (HIP_PLATFORM=amd)",
+        )
     return targets
 
 
@@ -203,12 +217,26 @@ def _build_members(hipcc: str, targets: tuple[str, ...], total: int, stage: Path
     for target in targets:
         code_objects[target] = work / f"kernels-{target}.co"
         # A bare AMDGPU ELF code object, not a one-entry bundle.
-        run([hipcc, "--genco", "--no-gpu-bundle-output", "-O2", f"--offload-arch={target}", work / "kernels.hip",
-             "-o", code_objects[target]], env=HIP_ENV)
+        run(
+            [
+                hipcc,
+                "--genco",
+                "--no-gpu-bundle-output",
+                "-O2",
+                f"--offload-arch={target}",
+                work / "kernels.hip",
+                "-o",
+                code_objects[target],
+            ],
+            env=HIP_ENV,
+        )
     host = work / "host.o"
-    (work / "host.c").write_text("".join(
-        f"int rocbench_op_{i}(int a, int b) {{ return a * {i % 97 + 1} + (b ^ {i}); }}\n" for i in range(HOST_FUNCTIONS)
-    ))
+    (work / "host.c").write_text(
+        "".join(
+            f"int rocbench_op_{i}(int a, int b) {{ return a * {i % 97 + 1} + (b ^ {i}); }}\n"
+            for i in range(HOST_FUNCTIONS)
+        )
+    )
     run(["gcc", "-O1", "-fPIC", "-c", work / "host.c", "-o", host])
 
     filler = _Filler()
@@ -222,10 +250,24 @@ def _build_members(hipcc: str, targets: tuple[str, ...], total: int, stage: Path
                 out.write(bundle)
                 out.write(b"\0" * (-out.tell() % 4096))
         assembly = work / f"{name}.S"
-        assembly.write_text(f'.section .hip_fatbin,"a"\n.p2align 12\n.incbin "{blob}"\n.section .note.GNU-stack,"",@progbits\n')
+        assembly.write_text(
+            f'.section .hip_fatbin,"a"\n.p2align 12\n.incbin "{blob}"\n.section .note.GNU-stack,"",@progbits\n'
+        )
         target = lib / name
-        run(["gcc", "-shared", "-fPIC", kernels, *([host] if with_host else []), assembly, f"-Wl,-soname,{name}",
-             "-o", target, "-lamdhip64"])
+        run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                kernels,
+                *([host] if with_host else []),
+                assembly,
+                f"-Wl,-soname,{name}",
+                "-o",
+                target,
+                "-lamdhip64",
+            ]
+        )
         blob.unlink()
         files[f"{NAME}/lib/{name}"] = target
 
@@ -233,7 +275,7 @@ def _build_members(hipcc: str, targets: tuple[str, ...], total: int, stage: Path
     # Sized by what it stores: the compressed bundles take about a third of their content.
     library("librocbench_attn.so", int(total * BIG_CCOB_SHARE), compressed=True, with_host=True)
     medium = total * MEDIUM_SHARE
-    weights = [1.12 ** i for i in range(MEDIUM_LIBS)]
+    weights = [1.12**i for i in range(MEDIUM_LIBS)]
     for i, weight in enumerate(weights):
         library(f"librocbench_k{i:02d}.so", int(medium * weight / sum(weights)))
 
@@ -249,8 +291,22 @@ def _build_members(hipcc: str, targets: tuple[str, ...], total: int, stage: Path
     ext_suffix = sysconfig.get_config_var("EXT_SUFFIX")
     (work / "ext.hip").write_text(EXTENSION)
     extension = package / f"_C{ext_suffix}"
-    run([hipcc, "-fPIC", "-shared", *offload, f"-I{include}", work / "ext.hip", "-o", extension,
-         f"-L{lib}", "-lrocbench_hip", "-Wl,-rpath,$ORIGIN/lib"], env=HIP_ENV)
+    run(
+        [
+            hipcc,
+            "-fPIC",
+            "-shared",
+            *offload,
+            f"-I{include}",
+            work / "ext.hip",
+            "-o",
+            extension,
+            f"-L{lib}",
+            "-lrocbench_hip",
+            "-Wl,-rpath,$ORIGIN/lib",
+        ],
+        env=HIP_ENV,
+    )
     files[f"{NAME}/_C{ext_suffix}"] = extension
     (work / "omp.c").write_text(OPENMP_EXTENSION)
     openmp = package / f"_omp{ext_suffix}"
@@ -276,7 +332,9 @@ def _bundles(size: int, code: dict[str, bytes], filler: _Filler, compressed: boo
         per_target = content // len(code)
         entries = [("host-x86_64-unknown-linux", b"")]
         for target, code_object in code.items():
-            entries.append((f"hipv4-amdgcn-amd-amdhsa--{target}", code_object + filler.take(max(per_target - len(code_object), 0))))
+            entries.append(
+                (f"hipv4-amdgcn-amd-amdhsa--{target}", code_object + filler.take(max(per_target - len(code_object), 0)))
+            )
         bundle = _plain_bundle(entries)
         if compressed:
             bundle = _ccob_v3(bundle)
@@ -310,13 +368,21 @@ def _ccob_v3(plain: bytes) -> bytes:
 def _text_members(stage: Path, budget: int) -> dict[str, Path]:
     """Python files and headers of this machine, under made-up subpackages, up to ``budget`` bytes."""
     paths = sysconfig.get_paths()
-    pools = [(Path(paths["stdlib"]), "*.py", ""), (Path(paths["purelib"]), "*.py", "vendor/"), (Path("/usr/include"), "*.h", "include/")]
+    pools = [
+        (Path(paths["stdlib"]), "*.py", ""),
+        (Path(paths["purelib"]), "*.py", "vendor/"),
+        (Path("/usr/include"), "*.h", "include/"),
+    ]
     sources = [
         (folder + path.relative_to(root).as_posix(), path)
-        for root, pattern, folder in pools if root.is_dir()
+        for root, pattern, folder in pools
+        if root.is_dir()
         for path in sorted(root.rglob(pattern))
-        if path.is_file() and not path.is_symlink() and 0 < path.stat().st_size <= 2 * MB
-        and path.relative_to(root).as_posix().isascii() and "," not in path.as_posix()
+        if path.is_file()
+        and not path.is_symlink()
+        and 0 < path.stat().st_size <= 2 * MB
+        and path.relative_to(root).as_posix().isascii()
+        and "," not in path.as_posix()
     ]
     if not sources:
         raise RocwheelsError("no Python files or headers on this machine to fill the wheel with")
@@ -377,7 +443,9 @@ def _b64(digest: bytes) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def _manifest(wheel: Path, stage: Path, files: dict[str, Path], targets: tuple[str, ...], size_mb: int, seconds: float) -> dict:
+def _manifest(
+    wheel: Path, stage: Path, files: dict[str, Path], targets: tuple[str, ...], size_mb: int, seconds: float
+) -> dict:
     sizes = {member: path.stat().st_size for member, path in files.items()}
     elf = [m for m, p in files.items() if _is_elf(p)]
     largest = max(sizes, key=sizes.__getitem__)

@@ -26,13 +26,13 @@ from typing import Any, BinaryIO
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from pipeline.errors import RocwheelsError
-from pipeline.publish.index import page_links
-from pipeline.config.layout import Layout
-from pipeline.util.log import recipe_logger
-from pipeline.plan import Plan
-from pipeline.verify.provenance import Provenance, fingerprints, is_current, record_path
 from pipeline.build.sources import file_sha256
+from pipeline.config.layout import Layout
+from pipeline.errors import RocwheelsError
+from pipeline.plan import Plan
+from pipeline.publish.index import page_links
+from pipeline.util.log import recipe_logger
+from pipeline.verify.provenance import Provenance, fingerprints, is_current, record_path
 
 log = logging.getLogger("rocwheels")
 
@@ -86,9 +86,12 @@ def ci_matrix(document: Mapping[str, Any]) -> Matrix:
         needs[step["name"]] = tuple(dict.fromkeys(n for d in deps for n in (*needs[d], d)))
     jobs = [
         Job(step["name"], step["distribution"], step["wheel_version"], python, stage[step["name"]], needs[step["name"]])
-        for step in document["steps"] for python in document["python"]
+        for step in document["steps"]
+        for python in document["python"]
     ]
-    stages = tuple(tuple(job for job in jobs if job.stage == number) for number in range(1, max(stage.values(), default=0) + 1))
+    stages = tuple(
+        tuple(job for job in jobs if job.stage == number) for number in range(1, max(stage.values(), default=0) + 1)
+    )
     return Matrix(document["line"], tuple(document["targets"]), document["driver"], stages)
 
 
@@ -98,8 +101,19 @@ def matrix_document(matrix: Matrix) -> dict[str, Any]:
         "line": matrix.line,
         "targets": list(matrix.targets),
         "driver": matrix.driver,
-        "stages": [[{"name": job.name, "recipe": job.recipe, "python": job.python, "needs": list(job.needs),
-                     "artifacts": list(job.artifacts)} for job in jobs] for jobs in matrix.stages],
+        "stages": [
+            [
+                {
+                    "name": job.name,
+                    "recipe": job.recipe,
+                    "python": job.python,
+                    "needs": list(job.needs),
+                    "artifacts": list(job.artifacts),
+                }
+                for job in jobs
+            ]
+            for jobs in matrix.stages
+        ],
     }
 
 
@@ -116,7 +130,10 @@ def github_outputs(matrix: Matrix) -> str:
     lines = [f"line={matrix.line}", f"stages={len(matrix.stages)}"]
     for number in range(1, GITHUB_STAGES + 1):
         jobs = matrix.stages[number - 1] if number <= len(matrix.stages) else ()
-        include = [{"recipe": j.recipe, "python": j.python, "distribution": j.distribution, "wheel_version": j.wheel_version} for j in jobs]
+        include = [
+            {"recipe": j.recipe, "python": j.python, "distribution": j.distribution, "wheel_version": j.wheel_version}
+            for j in jobs
+        ]
         lines.append(f"stage{number}=" + (json.dumps({"include": include}, separators=(",", ":")) if include else ""))
     return "\n".join(lines) + "\n"
 
@@ -176,10 +193,14 @@ def _get(url: str, sink: BinaryIO | None = None) -> bytes | None:
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
-        raise RocwheelsError(f"{url}: the index answered {exc.code} {exc.reason}", fix="check --from-index (a PEP 503 simple URL)") from None
+        raise RocwheelsError(
+            f"{url}: the index answered {exc.code} {exc.reason}", fix="check --from-index (a PEP 503 simple URL)"
+        ) from None
     except (urllib.error.URLError, OSError) as exc:
-        raise RocwheelsError(f"{url}: index unreachable ({getattr(exc, 'reason', exc)})",
-                             fix="check --from-index, or leave it out to build everything here") from None
+        raise RocwheelsError(
+            f"{url}: index unreachable ({getattr(exc, 'reason', exc)})",
+            fix="check --from-index, or leave it out to build everything here",
+        ) from None
 
 
 def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, int]:
@@ -222,7 +243,11 @@ def _wanted(filename: str, dist_name: str, version: str, pythons: set[str]) -> b
         name, wheel_version, _, tags = parse_wheel_filename(filename)
     except InvalidWheelFilename:
         return False
-    return name.replace("-", "_") == dist_name and str(wheel_version) == version and any(t.interpreter in pythons for t in tags)
+    return (
+        name.replace("-", "_") == dist_name
+        and str(wheel_version) == version
+        and any(t.interpreter in pythons for t in tags)
+    )
 
 
 def _fetch_one(url: str, target: Path, fingerprint: str, logger: logging.LoggerAdapter) -> bool:
@@ -237,16 +262,22 @@ def _fetch_one(url: str, target: Path, fingerprint: str, logger: logging.LoggerA
         record_file.write_bytes(record_bytes)
         record = Provenance.read(record_file)
         if record.fingerprint != fingerprint or record.wheel != target.name:
-            logger.info("%s on the index was built from other inputs (fingerprint %s, this build %s): not reused",
-                        target.name, record.fingerprint[:12], fingerprint[:12])
+            logger.info(
+                "%s on the index was built from other inputs (fingerprint %s, this build %s): not reused",
+                target.name,
+                record.fingerprint[:12],
+                fingerprint[:12],
+            )
             return False
         wheel_file = Path(tmp) / target.name
         with wheel_file.open("wb") as sink:
             _get(url, sink)  # a missing file stays empty: its sha256 cannot match
         actual = file_sha256(wheel_file)
         if actual != record.sha256:
-            raise RocwheelsError(f"{url}: sha256 {actual} differs from its provenance record's {record.sha256}",
-                                 fix="the file on the index changed after it was built: rebuild and publish it again")
+            raise RocwheelsError(
+                f"{url}: sha256 {actual} differs from its provenance record's {record.sha256}",
+                fix="the file on the index changed after it was built: rebuild and publish it again",
+            )
         # The record first: alone it is harmless (no wheel, nothing up to date), and the wheel
         # then arrives with one rename.
         os.replace(record_file, record_path(target))

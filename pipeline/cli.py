@@ -11,11 +11,11 @@ from pathlib import Path
 import click
 
 from pipeline.config import lock as lockmod
-from pipeline.errors import InputError, Interrupted, RocwheelsError
 from pipeline.config.build_constraints import check_constraints, compile_constraints
 from pipeline.config.layout import Layout
-from pipeline.util.runlock import wheelhouse_lock
-from pipeline.util.log import setup_logging
+from pipeline.config.recipes import LOCK_FILE, load_recipes
+from pipeline.config.targets import parse_targets
+from pipeline.errors import InputError, Interrupted, RocwheelsError
 from pipeline.plan import (
     Plan,
     describe,
@@ -26,8 +26,8 @@ from pipeline.plan import (
     wheel_origin,
     wheel_version,
 )
-from pipeline.config.recipes import LOCK_FILE, load_recipes
-from pipeline.config.targets import parse_targets
+from pipeline.util.log import setup_logging
+from pipeline.util.runlock import wheelhouse_lock
 
 log = logging.getLogger("rocwheels")
 DRIVERS = ("local", "container")
@@ -41,38 +41,90 @@ class Context:
 def target_options(command):
     """The options that choose what to build: recipes, GPU targets, ROCm line, driver."""
     # No bare ARCH/ROCM/DRIVER environment variables: ARCH=x86_64 is common in build shells.
-    command = click.option("--driver", type=click.Choice(DRIVERS), default="container", envvar="ROCWHEELS_DRIVER", show_default=True,
-                           help="local: this host's ROCm; container: the lock line's builder image")(command)
-    command = click.option("--rocm", "rocm", envvar="ROCWHEELS_ROCM", default=None,
-                           help="lock line (recipes/lock.toml [lines.NAME]); default: the host's ROCm (local) or default_line")(command)
-    command = click.option("--arch", required=True, envvar="ROCWHEELS_ARCH",
-                           help="GPU targets: gfx942, 'gfx90a;gfx942' or gfx90a,gfx942")(command)
-    command = click.option("--recipes", default=None,
-                           help="recipes to build, comma separated (default: all in the line); dependencies are added")(command)
-    command = click.option("--jobs", type=click.IntRange(min=1), default=None, envvar="ROCWHEELS_JOBS",
-                           help="parallel compile jobs ({jobs} in recipes); default: this machine's cores, at most one per 8 GB of memory")(command)
-    command = click.option("--python", default=None, envvar="ROCWHEELS_PYTHON",
-                           help="build for this one of the line's Python versions (X.Y; one CI job each); default: all")(command)
+    command = click.option(
+        "--driver",
+        type=click.Choice(DRIVERS),
+        default="container",
+        envvar="ROCWHEELS_DRIVER",
+        show_default=True,
+        help="local: this host's ROCm; container: the lock line's builder image",
+    )(command)
+    command = click.option(
+        "--rocm",
+        "rocm",
+        envvar="ROCWHEELS_ROCM",
+        default=None,
+        help="lock line (recipes/lock.toml [lines.NAME]); default: the host's ROCm (local) or default_line",
+    )(command)
+    command = click.option(
+        "--arch", required=True, envvar="ROCWHEELS_ARCH", help="GPU targets: gfx942, 'gfx90a;gfx942' or gfx90a,gfx942"
+    )(command)
+    command = click.option(
+        "--recipes",
+        default=None,
+        help="recipes to build, comma separated (default: all in the line); dependencies are added",
+    )(command)
+    command = click.option(
+        "--jobs",
+        type=click.IntRange(min=1),
+        default=None,
+        envvar="ROCWHEELS_JOBS",
+        help="parallel compile jobs ({jobs} in recipes); default: this machine's cores, at most one per 8 GB of memory",
+    )(command)
+    command = click.option(
+        "--python",
+        default=None,
+        envvar="ROCWHEELS_PYTHON",
+        help="build for this one of the line's Python versions (X.Y; one CI job each); default: all",
+    )(command)
     return command
 
 
 def engine_option(command):
     from pipeline.build.engine import ENGINES
 
-    return click.option("--engine", "engine_name", type=click.Choice(ENGINES), default=None, envvar="ROCWHEELS_ENGINE",
-                        help="container engine (default: podman if it works, else docker)")(command)
+    return click.option(
+        "--engine",
+        "engine_name",
+        type=click.Choice(ENGINES),
+        default=None,
+        envvar="ROCWHEELS_ENGINE",
+        help="container engine (default: podman if it works, else docker)",
+    )(command)
 
 
 def rocm_line_option(command):
-    return click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None,
-                        help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")(command)
+    return click.option(
+        "--rocm",
+        envvar="ROCWHEELS_ROCM",
+        default=None,
+        help="lock line (recipes/lock.toml [lines.NAME]); default: default_line",
+    )(command)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--recipes-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("recipes"), show_default=True, envvar="ROCWHEELS_RECIPES")
-@click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False), default=Path("wheelhouse"), show_default=True, envvar="ROCWHEELS_WHEELHOUSE")
-@click.option("--work-dir", type=click.Path(path_type=Path, file_okay=False), default=Path("build"), show_default=True, envvar="ROCWHEELS_WORK_DIR",
-              help="sources, build environments and raw wheels")
+@click.option(
+    "--recipes-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("recipes"),
+    show_default=True,
+    envvar="ROCWHEELS_RECIPES",
+)
+@click.option(
+    "--wheelhouse",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("wheelhouse"),
+    show_default=True,
+    envvar="ROCWHEELS_WHEELHOUSE",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("build"),
+    show_default=True,
+    envvar="ROCWHEELS_WORK_DIR",
+    help="sources, build environments and raw wheels",
+)
 @click.option("-v", "--verbose", is_flag=True)
 @click.pass_context
 def cli(ctx: click.Context, recipes_dir: Path, wheelhouse: Path, work_dir: Path, verbose: bool) -> None:
@@ -96,7 +148,9 @@ def lock_check(obj: Context) -> None:
         click.echo(f"warning: {warning}", err=True)
     for line_name in lock_file.lock.lines:
         check_constraints(recipes, lock_file, line_name)
-    lines = ", ".join(f"{name} (ROCm {line.rocm}: {len(line.versions)} recipes)" for name, line in lock_file.lock.lines.items())
+    lines = ", ".join(
+        f"{name} (ROCm {line.rocm}: {len(line.versions)} recipes)" for name, line in lock_file.lock.lines.items()
+    )
     click.echo(f"{lock_file.path}: consistent; lines: {lines}")
 
 
@@ -131,8 +185,16 @@ def lock_pin(obj: Context, rocm: str | None, refresh: bool, engine_name: str | N
 @target_options
 @click.pass_obj
 @click.option("--json", "as_json", is_flag=True, help="the plan as JSON, for machines (CI)")
-def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
-                 as_json: bool) -> None:
+def plan_command(
+    obj: Context,
+    recipes: str | None,
+    arch: str,
+    rocm: str | None,
+    driver: str,
+    jobs: int | None,
+    python: str | None,
+    as_json: bool,
+) -> None:
     """Print the ordered build steps with their environment and commands; runs nothing."""
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     click.echo(json.dumps(plan_document(plan), indent=2) if as_json else describe(plan))
@@ -141,7 +203,9 @@ def plan_command(obj: Context, recipes: str | None, arch: str, rocm: str | None,
 @cli.command("build")
 @target_options
 @click.pass_obj
-def build_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None) -> None:
+def build_command(
+    obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None
+) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
     build = driver_for(driver, plan, obj.layout)
@@ -159,11 +223,24 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 @cli.command("wheels")
 @target_options
 @click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
-@click.option("--from-index", default=None, envvar="ROCWHEELS_REUSE_INDEX",
-              help="PEP 503 simple URL holding wheels with provenance records (rocwheels index build): take the exact builds from there")
+@click.option(
+    "--from-index",
+    default=None,
+    envvar="ROCWHEELS_REUSE_INDEX",
+    help="PEP 503 simple URL holding wheels with provenance records (rocwheels index build): take the exact builds from there",
+)
 @click.pass_obj
-def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None,
-                   force: bool, from_index: str | None) -> None:
+def wheels_command(
+    obj: Context,
+    recipes: str | None,
+    arch: str,
+    rocm: str | None,
+    driver: str,
+    jobs: int | None,
+    python: str | None,
+    force: bool,
+    from_index: str | None,
+) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from pipeline.wheels import make_wheels, summary_table
 
@@ -181,20 +258,62 @@ def wheels_command(obj: Context, recipes: str | None, arch: str, rocm: str | Non
 
 @cli.command("repair")
 @click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
-@click.option("-w", "--wheel-dir", type=click.Path(path_type=Path, file_okay=False), default=None, help="output folder (default: the wheelhouse)")
-@click.option("--rocm", default=None, help="lock line whose ROCm library folder and platform apply (default: from the wheel's +rocm label)")
-@click.option("--rocm-lib-dir", default=None, help="ROCm library folder for the RPATH (default: the lock line's, else /opt/rocm/lib)")
-@click.option("--exclude", multiple=True, help="soname pattern never grafted, on top of the ROCm list and the recipe's (repeatable)")
-@click.option("--link-package", multiple=True, help="'<folder in site-packages>:<soname patterns>' (repeatable), e.g. torch/lib:libtorch*.so*")
+@click.option(
+    "-w",
+    "--wheel-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="output folder (default: the wheelhouse)",
+)
+@click.option(
+    "--rocm",
+    default=None,
+    help="lock line whose ROCm library folder and platform apply (default: from the wheel's +rocm label)",
+)
+@click.option(
+    "--rocm-lib-dir",
+    default=None,
+    help="ROCm library folder for the RPATH (default: the lock line's, else /opt/rocm/lib)",
+)
+@click.option(
+    "--exclude",
+    multiple=True,
+    help="soname pattern never grafted, on top of the ROCm list and the recipe's (repeatable)",
+)
+@click.option(
+    "--link-package",
+    multiple=True,
+    help="'<folder in site-packages>:<soname patterns>' (repeatable), e.g. torch/lib:libtorch*.so*",
+)
 @click.option("--rpath", multiple=True, help="extra RPATH entry to keep (repeatable)")
-@click.option("--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)")
-@click.option("--requires-pin", multiple=True, help="exact requirement METADATA must carry, e.g. 'torch==2.14.1+rocm7.2' (repeatable)")
-@click.option("--rocm-provider", type=click.Choice(["system", "wheels"]), default=None,
-              help="wheels: ROCm from pip packages (TheRock), reached by $ORIGIN RPATHs (default: the lock line's)")
+@click.option(
+    "--plat", default=None, help="auditwheel platform policy, e.g. manylinux_2_28_x86_64 (default: the lock line's)"
+)
+@click.option(
+    "--requires-pin",
+    multiple=True,
+    help="exact requirement METADATA must carry, e.g. 'torch==2.14.1+rocm7.2' (repeatable)",
+)
+@click.option(
+    "--rocm-provider",
+    type=click.Choice(["system", "wheels"]),
+    default=None,
+    help="wheels: ROCm from pip packages (TheRock), reached by $ORIGIN RPATHs (default: the lock line's)",
+)
 @click.pass_obj
-def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | None, rocm: str | None, rocm_lib_dir: str | None,
-                   exclude: tuple[str, ...], link_package: tuple[str, ...], rpath: tuple[str, ...], plat: str | None,
-                   requires_pin: tuple[str, ...], rocm_provider: str | None) -> None:
+def repair_command(
+    obj: Context,
+    wheels: tuple[Path, ...],
+    wheel_dir: Path | None,
+    rocm: str | None,
+    rocm_lib_dir: str | None,
+    exclude: tuple[str, ...],
+    link_package: tuple[str, ...],
+    rpath: tuple[str, ...],
+    plat: str | None,
+    requires_pin: tuple[str, ...],
+    rocm_provider: str | None,
+) -> None:
     """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
 
     Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
@@ -207,8 +326,12 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
         for wheel in _wheel_paths(wheels):
             recipe, line = wheel_origin(obj.layout, wheel, rocm)
             settings = RepairSettings.for_recipe(recipe, line).extended(
-                excludes=exclude, link_packages=link_package, extra_rpath=rpath, requires_pins=requires_pin,
-                rocm_lib_dir=rocm_lib_dir, plat=plat,
+                excludes=exclude,
+                link_packages=link_package,
+                extra_rpath=rpath,
+                requires_pins=requires_pin,
+                rocm_lib_dir=rocm_lib_dir,
+                plat=plat,
             )
             if rocm_provider == "wheels":
                 settings = settings.with_rocm_wheels()
@@ -219,11 +342,21 @@ def repair_command(obj: Context, wheels: tuple[Path, ...], wheel_dir: Path | Non
 @click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--arch", default=None, help="GPU targets the wheels must carry (missing: error, extra: warning)")
 @click.option("--rocm", default=None, help="lock line to check against (default: from the wheel's +rocm label)")
-@click.option("--rocm-lib-dir", default=None, help="ROCm library folder of the target machines (default: the lock line's)")
+@click.option(
+    "--rocm-lib-dir", default=None, help="ROCm library folder of the target machines (default: the lock line's)"
+)
 @click.option("--no-smoke", is_flag=True, help="skip the install-and-import test")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable report")
 @click.pass_obj
-def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, rocm: str | None, rocm_lib_dir: str | None, no_smoke: bool, as_json: bool) -> None:
+def verify_command(
+    obj: Context,
+    wheels: tuple[Path, ...],
+    arch: str | None,
+    rocm: str | None,
+    rocm_lib_dir: str | None,
+    no_smoke: bool,
+    as_json: bool,
+) -> None:
     """Prove what is inside each wheel; exit status 1 on any error."""
     from dataclasses import replace
 
@@ -243,7 +376,9 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
     for wheel in _wheel_paths(wheels):
         recipe, line = wheel_origin(obj.layout, wheel, rocm)
         if recipe and line:
-            expect = expectations_for(recipe, line, targets, version=wheel_version(recipe, line), pins=linked_pins(obj.layout, recipe, line))
+            expect = expectations_for(
+                recipe, line, targets, version=wheel_version(recipe, line), pins=linked_pins(obj.layout, recipe, line)
+            )
         else:
             expect = Expectations(targets=targets)
         if rocm_lib_dir:
@@ -256,7 +391,12 @@ def verify_command(obj: Context, wheels: tuple[Path, ...], arch: str | None, roc
 
 @cli.command("inspect")
 @click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--rocm-lib-dir", default="/opt/rocm/lib", show_default=True, help="where ROCm libraries are expected on the target machines")
+@click.option(
+    "--rocm-lib-dir",
+    default="/opt/rocm/lib",
+    show_default=True,
+    help="where ROCm libraries are expected on the target machines",
+)
 def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
     from rich.console import Console
@@ -270,21 +410,39 @@ def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
 
 
 @cli.command("publish")
-@click.option("--repository", "-r", required=True, envvar="ROCWHEELS_REPOSITORY",
-              help="the index's upload URL (http://host:8080/) or a section NAME in .pypirc")
+@click.option(
+    "--repository",
+    "-r",
+    required=True,
+    envvar="ROCWHEELS_REPOSITORY",
+    help="the index's upload URL (http://host:8080/) or a section NAME in .pypirc",
+)
 @click.option("--simple-url", default=None, help="its PEP 503 root when not <upload URL>/simple/ (devpi: .../+simple/)")
-@click.option("--config-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help=".pypirc (default ~/.pypirc)")
-@click.option("--attempts", type=click.IntRange(min=1), default=4, show_default=True,
-              help="tries while the index is unreachable or answers 5xx (waits 2, 4, 8 s)")
+@click.option(
+    "--config-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help=".pypirc (default ~/.pypirc)"
+)
+@click.option(
+    "--attempts",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="tries while the index is unreachable or answers 5xx (waits 2, 4, 8 s)",
+)
 @click.pass_obj
-def publish_command(obj: Context, repository: str, simple_url: str | None, config_file: Path | None, attempts: int) -> None:
+def publish_command(
+    obj: Context, repository: str, simple_url: str | None, config_file: Path | None, attempts: int
+) -> None:
     """Upload the wheelhouse's wheels with twine; files already there (same sha256) are skipped."""
     from pipeline.publish.upload import publish
 
     with wheelhouse_lock(obj.layout.wheelhouse):
-        result = publish(obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts)
-    click.echo(f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there, "
-               f"{len(result.records)} provenance records beside them")
+        result = publish(
+            obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts
+        )
+    click.echo(
+        f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there, "
+        f"{len(result.records)} provenance records beside them"
+    )
 
 
 @cli.group("index")
@@ -297,14 +455,26 @@ def index_group() -> None:
 def index_build(obj: Context) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
     requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
-    from pipeline.publish.index import build_static_index, check_pinnable, wheels_by_label, write_constraints, write_requirements
     from pipeline.config.rocm_wheels import constraint_pins
+    from pipeline.publish.index import (
+        build_static_index,
+        check_pinnable,
+        wheels_by_label,
+        write_constraints,
+        write_requirements,
+    )
 
     aliases = label_aliases(obj.layout)
     if not obj.layout.wheelhouse.is_dir():
-        raise InputError(f"no wheelhouse at {obj.layout.wheelhouse}",
-                         fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse")
-    lock_lines = lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values() if (obj.layout.recipes_dir / LOCK_FILE).is_file() else ()
+        raise InputError(
+            f"no wheelhouse at {obj.layout.wheelhouse}",
+            fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse",
+        )
+    lock_lines = (
+        lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values()
+        if (obj.layout.recipes_dir / LOCK_FILE).is_file()
+        else ()
+    )
     rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
     with wheelhouse_lock(obj.layout.wheelhouse):
         lines = wheels_by_label(obj.layout.wheelhouse, aliases)
@@ -318,10 +488,17 @@ def index_build(obj: Context) -> None:
 
 
 @index_group.command("mirror")
-@click.option("--rocm", "line_name", required=True, help="a lock line with rocm_provider = \"wheels\"")
-@click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True,
-              help="the folder the private index serves (rocwheels serve --packages)")
-@click.option("--with-build", is_flag=True, help="also the builder's packages (the devel extra), for builders without internet")
+@click.option("--rocm", "line_name", required=True, help='a lock line with rocm_provider = "wheels"')
+@click.option(
+    "--packages",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("index/packages"),
+    show_default=True,
+    help="the folder the private index serves (rocwheels serve --packages)",
+)
+@click.option(
+    "--with-build", is_flag=True, help="also the builder's packages (the devel extra), for builders without internet"
+)
 @click.pass_obj
 def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool) -> None:
     """Copy a `wheels` line's ROCm wheels from AMD's index into the private index."""
@@ -334,7 +511,9 @@ def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool)
 
 @index_group.command("add-user")
 @click.argument("username")
-@click.option("--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True)
+@click.option(
+    "--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True
+)
 @click.password_option(envvar="ROCWHEELS_INDEX_PASSWORD")
 def index_add_user(username: str, htpasswd: Path, password: str) -> None:
     """Create or update an upload login for `rocwheels serve`."""
@@ -344,8 +523,12 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 
 
 @cli.command("serve")
-@click.option("--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True)
-@click.option("--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True)
+@click.option(
+    "--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True
+)
+@click.option(
+    "--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
@@ -357,7 +540,12 @@ def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
 
 
 @cli.command("demo")
-@click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets (default: every target this host's compiler takes)")
+@click.option(
+    "--arch",
+    envvar="ROCWHEELS_ARCH",
+    default=None,
+    help="GPU targets (default: every target this host's compiler takes)",
+)
 @click.pass_obj
 def demo_command(obj: Context, arch: str | None) -> None:
     """The canary through the whole job on this host: build, repair, verify, publish, install."""
@@ -381,17 +569,41 @@ def ci_group() -> None:
 
 
 @ci_group.command("matrix")
-@click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line (recipes/lock.toml [lines.NAME]); default: default_line")
+@click.option(
+    "--rocm",
+    envvar="ROCWHEELS_ROCM",
+    default=None,
+    help="lock line (recipes/lock.toml [lines.NAME]); default: default_line",
+)
 @click.option("--arch", default=None, envvar="ROCWHEELS_ARCH", help="GPU targets (default: every target of the line)")
-@click.option("--recipes", default=None, help="recipes, comma separated (default: all in the line); dependencies are added")
+@click.option(
+    "--recipes", default=None, help="recipes, comma separated (default: all in the line); dependencies are added"
+)
 @click.option("--driver", type=click.Choice(DRIVERS), default="container", envvar="ROCWHEELS_DRIVER", show_default=True)
-@click.option("--format", "output_format", type=click.Choice(("json", "github", "gitlab")), default="json", show_default=True,
-              help="github: key=value lines for $GITHUB_OUTPUT; gitlab: the child pipeline")
-@click.option("--output", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="write there instead of stdout (github: appended, as $GITHUB_OUTPUT wants)")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(("json", "github", "gitlab")),
+    default="json",
+    show_default=True,
+    help="github: key=value lines for $GITHUB_OUTPUT; gitlab: the child pipeline",
+)
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="write there instead of stdout (github: appended, as $GITHUB_OUTPUT wants)",
+)
 @click.pass_obj
-def ci_matrix_command(obj: Context, rocm: str | None, arch: str | None, recipes: str | None, driver: str, output_format: str,
-                      output: Path | None) -> None:
+def ci_matrix_command(
+    obj: Context,
+    rocm: str | None,
+    arch: str | None,
+    recipes: str | None,
+    driver: str,
+    output_format: str,
+    output: Path | None,
+) -> None:
     """The line's recipe x Python jobs in dependency stages, from the same plan as `make wheels`."""
     from pipeline.ci import ci_matrix, render
 
@@ -424,23 +636,31 @@ def image_build(obj: Context, rocm: str | None, engine_name: str | None) -> None
 
 
 @image_group.command("base")
-@click.option("--suite", type=click.Choice(("bookworm", "trixie", "sid")), required=True,
-              help="bookworm: HIP 5.2 (gfx90a, gfx940); trixie: HIP 5.7 (also gfx942); sid: HIP 6.4, hipcc 7 (also gfx950, compressed bundles)")
+@click.option(
+    "--suite",
+    type=click.Choice(("bookworm", "trixie", "sid")),
+    required=True,
+    help="bookworm: HIP 5.2 (gfx90a, gfx940); trixie: HIP 5.7 (also gfx942); sid: HIP 6.4, hipcc 7 (also gfx950, compressed bundles)",
+)
 @engine_option
 @click.pass_obj
 def image_base(obj: Context, suite: str, engine_name: str | None) -> None:
     """Make localhost/rocwheels-base:SUITE from Debian's HIP packages (debootstrap, as root; ~90 s, ~1 GB)."""
-    from pipeline.util.cmd import run
     from pipeline.build.engine import detect_engine
     from pipeline.build.image import PROJECT_ROOT
+    from pipeline.util.cmd import run
     from pipeline.util.progress import long_step
 
     engine = detect_engine(engine_name)
     image = f"localhost/rocwheels-base:{suite}"
     log_file = obj.layout.logs / f"image-base-{suite}.log"
     with long_step(f"image base {suite}", log) as on_output:
-        run(["bash", PROJECT_ROOT / "docker" / "test-base" / "make-base.sh", suite, image],
-            env={**engine.env, "ROCWHEELS_ENGINE": engine.name}, log_file=log_file, on_output=on_output)
+        run(
+            ["bash", PROJECT_ROOT / "docker" / "test-base" / "make-base.sh", suite, image],
+            env={**engine.env, "ROCWHEELS_ENGINE": engine.name},
+            log_file=log_file,
+            on_output=on_output,
+        )
     click.echo(image)
 
 
@@ -451,8 +671,8 @@ def image_base(obj: Context, suite: str, engine_name: str | None) -> None:
 def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) -> None:
     """Run rocminfo in the line's builder image with this host's GPU passed in; exit 1 unless it sees one."""
     from pipeline.build.container import builder_image
-    from pipeline.doctor import DEV, device_check, format_check, image_test
     from pipeline.build.engine import detect_engine
+    from pipeline.doctor import DEV, device_check, format_check, image_test
 
     # Without a GPU there is nothing to test: say so before building an image for nothing.
     check = device_check(DEV / "kfd")
@@ -466,7 +686,12 @@ def image_test_command(obj: Context, rocm: str | None, engine_name: str | None) 
 
 
 @cli.command("doctor")
-@click.option("--arch", envvar="ROCWHEELS_ARCH", default=None, help="GPU targets the wheels are built for (checked against this host's GPUs)")
+@click.option(
+    "--arch",
+    envvar="ROCWHEELS_ARCH",
+    default=None,
+    help="GPU targets the wheels are built for (checked against this host's GPUs)",
+)
 @click.option("--rocm", envvar="ROCWHEELS_ROCM", default=None, help="lock line to compare the host's ROCm with")
 @engine_option
 @click.pass_obj
@@ -505,8 +730,9 @@ def main() -> None:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except Interrupted as exc:
-        click.echo(f"interrupted by signal {exc.signum}: temporary files removed; run the command again to continue",
-                   err=True)
+        click.echo(
+            f"interrupted by signal {exc.signum}: temporary files removed; run the command again to continue", err=True
+        )
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)

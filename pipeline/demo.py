@@ -16,13 +16,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.util.cmd import run
-from pipeline.errors import RocwheelsError
-from pipeline.publish.index import build_static_index, wheels_by_label, write_constraints
 from pipeline.config.layout import Layout
+from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
-from pipeline.publish.upload import publish
+from pipeline.publish.index import build_static_index, wheels_by_label, write_constraints
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.publish.upload import publish
+from pipeline.util.cmd import run
 from pipeline.verify.smoke import gpu_present
 from pipeline.wheels import make_wheels
 
@@ -64,7 +64,9 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
     with _timed(steps, "build, repair, verify") as result:
         (outcome,) = [o for o in make_wheels(plan, layout, force=True) if o.recipe == CANARY]
         if not outcome.wheels:
-            raise RocwheelsError(f"the canary did not reach the wheelhouse: {outcome.detail}", fix=f"see {layout.log_file(CANARY)}")
+            raise RocwheelsError(
+                f"the canary did not reach the wheelhouse: {outcome.detail}", fix=f"see {layout.log_file(CANARY)}"
+            )
         result.append(", ".join(w.name for w in outcome.wheels))
     version = plan.steps[-1].wheel_version
     with tempfile.TemporaryDirectory(prefix="rocwheels-demo-") as scratch:
@@ -72,9 +74,14 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
         password = secrets.token_urlsafe(16)
         add_htpasswd_user(root / "htpasswd", "demo", password)
         with running_pypiserver(root / "packages", root / "htpasswd", log_file=layout.logs / "demo-index.log") as index:
-            with _timed(steps, "publish (twine -> pypiserver)") as result, _environment(TWINE_USERNAME="demo", TWINE_PASSWORD=password):
+            with (
+                _timed(steps, "publish (twine -> pypiserver)") as result,
+                _environment(TWINE_USERNAME="demo", TWINE_PASSWORD=password),
+            ):
                 published = publish(layout.wheelhouse, index.url, attempts=2)
-                result.append(f"{len(published.uploaded)} uploaded, {len(published.skipped)} already there, {index.url}")
+                result.append(
+                    f"{len(published.uploaded)} uploaded, {len(published.skipped)} already there, {index.url}"
+                )
             with _timed(steps, "static index + constraints") as result:
                 lines = wheels_by_label(layout.wheelhouse)
                 roots = build_static_index(layout.wheelhouse, lines)
@@ -82,15 +89,31 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
                 result.append(", ".join(p.name for p in (*roots, *constraints)))
             with _timed(steps, "install into a fresh venv") as result:
                 python = _fresh_venv(root / "venv")
-                run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--extra-index-url", index.simple_url,
-                     f"{CANARY}=={version}"], cwd=root)
-                installed = run([python, "-c", "import importlib.metadata as m; print(m.version('rocm-canary'))"], cwd=root).output.strip()
+                run(
+                    [
+                        python,
+                        "-m",
+                        "pip",
+                        "install",
+                        "--disable-pip-version-check",
+                        "-q",
+                        "--extra-index-url",
+                        index.simple_url,
+                        f"{CANARY}=={version}",
+                    ],
+                    cwd=root,
+                )
+                installed = run(
+                    [python, "-c", "import importlib.metadata as m; print(m.version('rocm-canary'))"], cwd=root
+                ).output.strip()
                 if installed != version:
                     raise RocwheelsError(f"pip installed rocm-canary {installed}, not the build {version}")
                 result.append(f"rocm-canary=={installed} from {index.simple_url}")
             with _timed(steps, "smoke test") as result:
-                outputs = [run([python, "-c", snippet], cwd=root).output.strip()
-                           for snippet in plan.steps[-1].recipe.smoke.snippets(gpu=gpu_present())]
+                outputs = [
+                    run([python, "-c", snippet], cwd=root).output.strip()
+                    for snippet in plan.steps[-1].recipe.smoke.snippets(gpu=gpu_present())
+                ]
                 result.append(" ".join(o for o in outputs if o) or "imported")
     steps.append(DemoStep("index server", "stopped", 0.0))
     return steps

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.util.cmd import run
 from pipeline.build.engine import Engine, _last_line, detect_engine
-from pipeline.errors import RocwheelsError
 from pipeline.build.host import host_rocm_version
 from pipeline.config.lock import Line
 from pipeline.config.rocm_wheels import torch_provider
 from pipeline.config.targets import parse_targets
+from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
 
 DEV = Path("/dev")
 GPU_GROUPS = ("video", "render")
@@ -50,7 +50,9 @@ def format_check(check: Check) -> str:
     return f"{text}\n    fix: {check.fix}" if check.fix and check.ok is not True else text
 
 
-def run_doctor(arch: str | None, line: Line | None, *, line_name: str | None = None, dev: Path = DEV, engine: str | None = None) -> list[Check]:
+def run_doctor(
+    arch: str | None, line: Line | None, *, line_name: str | None = None, dev: Path = DEV, engine: str | None = None
+) -> list[Check]:
     """Every host check; ``arch`` (an ARCH string) and ``line`` narrow what the GPU and ROCm checks expect,
     ``engine`` (podman or docker) the engine checked."""
     wanted = tuple(t.processor for t in parse_targets(arch)) if arch else ()
@@ -71,8 +73,12 @@ def installed_torch_check(search_path: Sequence[str] = tuple(sys.path)) -> Check
     if found is None:
         return Check("installed torch", None, "no torch in this Python environment")
     provider, detail = found
-    return Check("installed torch", provider != "none", f"ROCm provider: {provider}: {detail}",
-                 None if provider != "none" else "install a ROCm build of torch (this one runs on the CPU or CUDA only)")
+    return Check(
+        "installed torch",
+        provider != "none",
+        f"ROCm provider: {provider}: {detail}",
+        None if provider != "none" else "install a ROCm build of torch (this one runs on the CPU or CUDA only)",
+    )
 
 
 def engine_check(only: str | None = None) -> Check:
@@ -80,7 +86,11 @@ def engine_check(only: str | None = None) -> Check:
         engine = detect_engine(only)
     except RocwheelsError as exc:
         return Check("container engine", False, exc.message, exc.fix)
-    where = f", DOCKER_HOST={os.environ['DOCKER_HOST']}" if engine.name == "docker" and os.environ.get("DOCKER_HOST") else ""
+    where = (
+        f", DOCKER_HOST={os.environ['DOCKER_HOST']}"
+        if engine.name == "docker" and os.environ.get("DOCKER_HOST")
+        else ""
+    )
     return Check("container engine", True, f"{engine.name} ({engine.argv_prefix[0]}{where}) answers `info`")
 
 
@@ -120,18 +130,31 @@ def gpu_targets_check(wanted: tuple[str, ...]) -> Check:
     name = "GPU targets"
     rocminfo = shutil.which("rocminfo")
     if rocminfo is None:
-        return Check(name, None, "rocminfo not installed: GPUs not listed", "install rocminfo (Debian/Ubuntu: apt-get install rocminfo; or ROCm's rocminfo package)")
+        return Check(
+            name,
+            None,
+            "rocminfo not installed: GPUs not listed",
+            "install rocminfo (Debian/Ubuntu: apt-get install rocminfo; or ROCm's rocminfo package)",
+        )
     result = run([rocminfo], check=False, quiet=True)
     if result.returncode != 0:
-        return Check(name, None, f"rocminfo failed (exit {result.returncode}): {_conclusion(result.output)}",
-                     "none needed to build; to use a GPU here, make /dev/kfd work (see the checks above)")
+        return Check(
+            name,
+            None,
+            f"rocminfo failed (exit {result.returncode}): {_conclusion(result.output)}",
+            "none needed to build; to use a GPU here, make /dev/kfd work (see the checks above)",
+        )
     found = tuple(dict.fromkeys(_AGENT_NAME.findall(result.output)))
     if not found:
         return Check(name, False, "rocminfo lists no GPU agent", NO_GPU_FIX)
     unbuilt = [gpu for gpu in found if wanted and gpu not in wanted]
     if unbuilt:
-        return Check(name, False, f"this host has {', '.join(found)}; ARCH={';'.join(wanted)} has no code for {', '.join(unbuilt)}",
-                     f"add {', '.join(unbuilt)} to ARCH to run the wheels' GPU code on this host")
+        return Check(
+            name,
+            False,
+            f"this host has {', '.join(found)}; ARCH={';'.join(wanted)} has no code for {', '.join(unbuilt)}",
+            f"add {', '.join(unbuilt)} to ARCH to run the wheels' GPU code on this host",
+        )
     return Check(name, True, f"this host has {', '.join(found)}")
 
 
@@ -140,15 +163,23 @@ def host_rocm_check(line: Line | None, line_name: str | None) -> Check:
     name = "host ROCm"
     host = host_rocm_version()
     if host is None:
-        return Check(name, None, "no ROCm on this host (no /opt/rocm/.info/version, no hipcc)",
-                     "none needed for container builds; to run the wheels here, install the ROCm release of the lock line")
+        return Check(
+            name,
+            None,
+            "no ROCm on this host (no /opt/rocm/.info/version, no hipcc)",
+            "none needed for container builds; to run the wheels here, install the ROCm release of the lock line",
+        )
     if line is None:
         return Check(name, True, f"ROCm {host}")
     wanted = ".".join(line.rocm.split(".")[:2])
     label = f"line {line_name} " if line_name else "the lock line "
     if host != wanted:
-        return Check(name, False, f"ROCm {host} here, {label}is ROCm {line.rocm}: its wheels need that release's libraries",
-                     f"build and run them on a ROCm {wanted} host, or pick the line of this host's ROCm (--rocm)")
+        return Check(
+            name,
+            False,
+            f"ROCm {host} here, {label}is ROCm {line.rocm}: its wheels need that release's libraries",
+            f"build and run them on a ROCm {wanted} host, or pick the line of this host's ROCm (--rocm)",
+        )
     return Check(name, True, f"ROCm {host}, as {label}(ROCm {line.rocm})")
 
 
@@ -159,14 +190,30 @@ def image_test(engine: Engine, tag: str, *, kfd: Path = DEV / "kfd") -> Check:
         # The engine would fail anyway ("stat /dev/kfd: no such file or directory", exit 125).
         return Check(name, None, f"no AMD GPU on this host ({kfd} missing): the image was not started", NO_GPU_FIX)
     result = run(
-        engine.command("run", "--rm", "--device", str(kfd), "--device", str(kfd.parent / "dri"), "--group-add", "video", tag, "rocminfo"),
-        env=engine.env, check=False,
+        engine.command(
+            "run",
+            "--rm",
+            "--device",
+            str(kfd),
+            "--device",
+            str(kfd.parent / "dri"),
+            "--group-add",
+            "video",
+            tag,
+            "rocminfo",
+        ),
+        env=engine.env,
+        check=False,
     )
     found = tuple(dict.fromkeys(_AGENT_NAME.findall(result.output)))
     # Judged by the output too: the docker CLI in front of podman can report 0 for a failed --rm run.
     if result.returncode != 0 or not found:
-        return Check(name, False, f"rocminfo in {tag} found no GPU (exit {result.returncode}): {_conclusion(result.output)}",
-                     "check the host (rocwheels doctor), then that the image's ROCm supports this GPU")
+        return Check(
+            name,
+            False,
+            f"rocminfo in {tag} found no GPU (exit {result.returncode}): {_conclusion(result.output)}",
+            "check the host (rocwheels doctor), then that the image's ROCm supports this GPU",
+        )
     return Check(name, True, f"rocminfo in {tag} sees {', '.join(found)}")
 
 

@@ -17,15 +17,15 @@ from typing import Any
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
+from pipeline.build.host import host_rocm_version
 from pipeline.config import lock as lockmod
 from pipeline.config.build_constraints import check_constraints
-from pipeline.errors import ConfigError, RocwheelsError
-from pipeline.build.host import host_rocm_version
 from pipeline.config.layout import Layout
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
-from pipeline.repair.pins import linked_builds
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.repair.pins import linked_builds
 
 log = logging.getLogger("rocwheels")
 
@@ -91,13 +91,26 @@ def make_plan(
     constraints: Path | None = None,
 ) -> Plan:
     """Order the recipes, check the targets against line and recipes, resolve every value."""
-    check_supported(targets, line.targets, what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)")
-    ordered = [for_targets(at_line(recipe, line_name, line, recipes_dir), targets, recipes_dir)
-               for recipe in build_order(recipes, wanted)]
+    check_supported(
+        targets,
+        line.targets,
+        what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)",
+    )
+    ordered = [
+        for_targets(at_line(recipe, line_name, line, recipes_dir), targets, recipes_dir)
+        for recipe in build_order(recipes, wanted)
+    ]
     by_name = {recipe.name: recipe for recipe in ordered}
     jobs = jobs or default_jobs()
     steps = tuple(
-        _step(recipe, line, targets, jobs, tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on), constraints)
+        _step(
+            recipe,
+            line,
+            targets,
+            jobs,
+            tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on),
+            constraints,
+        )
         for recipe in ordered
     )
     return Plan(line_name, line, targets, steps, driver)
@@ -126,9 +139,12 @@ def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -
             fix=f"add it to [lines.{line_name}.versions] in recipes/lock.toml, or pick another line (ROCM=...)",
         )
     if version not in recipe.versions:
-        raise ConfigError(recipes_dir / LOCK_FILE, f"lines.{line_name}.versions.{recipe.name}",
-                          f"{version} is not described in {recipe_path(recipes_dir, recipe.name)}",
-                          fix=f'add [versions."{version}"] to {recipe_path(recipes_dir, recipe.name)}, or pin one of: {", ".join(recipe.versions)}')
+        raise ConfigError(
+            recipes_dir / LOCK_FILE,
+            f"lines.{line_name}.versions.{recipe.name}",
+            f"{version} is not described in {recipe_path(recipes_dir, recipe.name)}",
+            fix=f'add [versions."{version}"] to {recipe_path(recipes_dir, recipe.name)}, or pin one of: {", ".join(recipe.versions)}',
+        )
     return recipe.at(version, recipes_dir)
 
 
@@ -140,18 +156,29 @@ def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Pat
         check_supported(targets, recipe.targets.supported, what=where)
         return recipe
     check_supported(targets, (*recipe.targets.supported, *fallback.supported), what=where + " or its targets.fallback")
-    log.info("%s: %s need targets.fallback (%s)", recipe.name, ", ".join(str(t) for t in targets if t.processor not in recipe.targets.supported),
-             " ".join(f"{k}={v}" for k, v in fallback.env.items()))
-    return recipe.model_copy(update={
-        "env": {**recipe.env, **fallback.env},
-        "smoke": recipe.smoke.model_copy(update={"env": {**recipe.smoke.env, **fallback.env}}),
-        "gpu_code": fallback.gpu_code,
-    })
+    log.info(
+        "%s: %s need targets.fallback (%s)",
+        recipe.name,
+        ", ".join(str(t) for t in targets if t.processor not in recipe.targets.supported),
+        " ".join(f"{k}={v}" for k, v in fallback.env.items()),
+    )
+    return recipe.model_copy(
+        update={
+            "env": {**recipe.env, **fallback.env},
+            "smoke": recipe.smoke.model_copy(update={"env": {**recipe.smoke.env, **fallback.env}}),
+            "gpu_code": fallback.gpu_code,
+        }
+    )
 
 
 def _rocm_values(line: Line) -> dict[str, str]:
     parts = line.rocm.split(".")
-    return {"rocm": line.rocm, "rocm_short": ".".join(parts[:2]), "rocm_digits": "".join(parts)[:3], "rocm_short_digits": "".join(parts[:2])}
+    return {
+        "rocm": line.rocm,
+        "rocm_short": ".".join(parts[:2]),
+        "rocm_digits": "".join(parts)[:3],
+        "rocm_short_digits": "".join(parts[:2]),
+    }
 
 
 def wheel_version(recipe: Recipe, line: Line) -> str:
@@ -159,8 +186,14 @@ def wheel_version(recipe: Recipe, line: Line) -> str:
     return f"{recipe.version}+{recipe.local_version.format_map(_rocm_values(line))}"
 
 
-def _step(recipe: Recipe, line: Line, targets: tuple[GpuTarget, ...], jobs: int, dependencies: tuple[tuple[str, str], ...],
-          constraints: Path | None) -> Step:
+def _step(
+    recipe: Recipe,
+    line: Line,
+    targets: tuple[GpuTarget, ...],
+    jobs: int,
+    dependencies: tuple[tuple[str, str], ...],
+    constraints: Path | None,
+) -> Step:
     version = wheel_version(recipe, line)
     values = {
         **_rocm_values(line),
@@ -195,7 +228,9 @@ def describe(plan: Plan) -> str:
         if recipe.patches:
             lines.append(f"   patches: {', '.join(recipe.patches)}")
         if recipe.depends_on:
-            lines.append(f"   after: {', '.join(recipe.depends_on)} (their wheels installed into the build environment)")
+            lines.append(
+                f"   after: {', '.join(recipe.depends_on)} (their wheels installed into the build environment)"
+            )
         lines.append("   environment:")
         lines += [f"     {key}={value}" for key, value in step.env.items()]
         if step.constraints:
@@ -220,7 +255,9 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         **({"rocm_wheels": plan.line.rocm_wheels.model_dump()} if plan.line.rocm_wheels else {}),
         "driver": plan.driver,
         "targets": [str(target) for target in plan.targets],
-        "python": list(plan.line.python) if plan.driver == "container" else [f"{sys.version_info.major}.{sys.version_info.minor}"],
+        "python": list(plan.line.python)
+        if plan.driver == "container"
+        else [f"{sys.version_info.major}.{sys.version_info.minor}"],
         "steps": [
             {
                 "name": step.name,
@@ -233,7 +270,9 @@ def plan_document(plan: Plan) -> dict[str, Any]:
                 "dependencies": [f"{name}=={version}" for name, version in step.dependencies],
                 "environment": step.env,
                 "requires": list(step.recipe.build.requires),
-                "constraints": str(step.constraints.relative_to(step.constraints.parents[1])) if step.constraints else None,
+                "constraints": str(step.constraints.relative_to(step.constraints.parents[1]))
+                if step.constraints
+                else None,
                 "commands": [*step.pre, f"python -m build {' '.join(step.build_args)}"],
                 "gpu_code": step.recipe.gpu_code,
             }
@@ -246,8 +285,15 @@ def _split(value: str | None) -> list[str]:
     return [part for part in re.split(r"[;,\s]+", value or "") if part]
 
 
-def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str | None, driver: str, jobs: int | None = None,
-                python: str | None = None) -> Plan:
+def select_plan(
+    layout: Layout,
+    recipes: str | None,
+    arch: str | None,
+    rocm: str | None,
+    driver: str,
+    jobs: int | None = None,
+    python: str | None = None,
+) -> Plan:
     """Everything checked before anything runs: recipes, lock, line, targets, order.
 
     ``arch`` None means every target the line's compiler takes (the demo); ``python`` (X.Y) builds
@@ -258,8 +304,10 @@ def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str
     lock_file = lockmod.load_lock(layout.recipes_dir)
     host = host_rocm_version() if driver == "local" and not rocm else None
     if driver == "local" and not rocm and host is None:
-        raise RocwheelsError("no ROCm toolchain found on this host (no /opt/rocm/.info/version, no hipcc)",
-                             fix="install ROCm (on Debian: apt-get install hipcc), or build in the container with DRIVER=container")
+        raise RocwheelsError(
+            "no ROCm toolchain found on this host (no /opt/rocm/.info/version, no hipcc)",
+            fix="install ROCm (on Debian: apt-get install hipcc), or build in the container with DRIVER=container",
+        )
     line_name, line = lockmod.select_line(lock_file, rocm, host)
     if python is not None:
         line = _for_python(python, line_name, line, driver, layout.recipes_dir)
@@ -268,7 +316,17 @@ def select_plan(layout: Layout, recipes: str | None, arch: str | None, rocm: str
     constraints = check_constraints(all_recipes, lock_file, line_name)
     wanted = _split(recipes) or list(line.versions)
     targets = targets or parse_targets(";".join(line.targets))
-    return make_plan(all_recipes, wanted, recipes_dir=layout.recipes_dir, line_name=line_name, line=line, targets=targets, jobs=jobs, driver=driver, constraints=constraints)
+    return make_plan(
+        all_recipes,
+        wanted,
+        recipes_dir=layout.recipes_dir,
+        line_name=line_name,
+        line=line,
+        targets=targets,
+        jobs=jobs,
+        driver=driver,
+        constraints=constraints,
+    )
 
 
 def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_dir: Path) -> Line:
@@ -276,12 +334,18 @@ def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_di
     running = f"{sys.version_info.major}.{sys.version_info.minor}"
     if driver == "local":
         if python != running:
-            raise RocwheelsError(f"DRIVER=local builds with the Python running rocwheels ({running}), not {python}",
-                                 fix=f"run rocwheels from a Python {python} venv, or build in the container (DRIVER=container)")
+            raise RocwheelsError(
+                f"DRIVER=local builds with the Python running rocwheels ({running}), not {python}",
+                fix=f"run rocwheels from a Python {python} venv, or build in the container (DRIVER=container)",
+            )
         return line
     if python not in line.python:
-        raise ConfigError(recipes_dir / LOCK_FILE, f"lines.{line_name}.python", f"Python {python} is not one of the line's ({', '.join(line.python)})",
-                          fix=f"pick one of {', '.join(line.python)}, or add {python} to the line")
+        raise ConfigError(
+            recipes_dir / LOCK_FILE,
+            f"lines.{line_name}.python",
+            f"Python {python} is not one of the line's ({', '.join(line.python)})",
+            fix=f"pick one of {', '.join(line.python)}, or add {python} to the line",
+        )
     return line.model_copy(update={"python": (python,)})
 
 
@@ -309,8 +373,10 @@ def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe 
 def linked_pins(layout: Layout, recipe: Recipe, line: Line) -> tuple[str, ...]:
     """The exact requirements ``recipe``'s wheels built for ``line`` carry (what verify checks)."""
     recipes = load_recipes(layout.recipes_dir)
-    dependencies = [(dep.dist_name, wheel_version(dep, line))
-                    for dep in (recipes[name].at(line.versions[name], layout.recipes_dir) for name in recipe.depends_on)]
+    dependencies = [
+        (dep.dist_name, wheel_version(dep, line))
+        for dep in (recipes[name].at(line.versions[name], layout.recipes_dir) for name in recipe.depends_on)
+    ]
     return linked_builds(recipe, dependencies)
 
 

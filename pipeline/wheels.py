@@ -17,17 +17,17 @@ from packaging.utils import parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.build.local import BuiltWheel, build_local, find_wheels
 from pipeline.build.host import host_rocm_version
-from pipeline.errors import RocwheelsError
+from pipeline.build.local import BuiltWheel, build_local, find_wheels
+from pipeline.build.sources import fetch_build_wheels
 from pipeline.config.layout import Layout, fresh_dir
-from pipeline.util.log import recipe_logger
+from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan, Step
+from pipeline.repair.pins import linked_builds, pin_wheel
+from pipeline.repair.repair import RepairSettings, repair_wheel
+from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
-from pipeline.repair.repair import RepairSettings, repair_wheel
-from pipeline.repair.pins import linked_builds, pin_wheel
-from pipeline.build.sources import fetch_build_wheels
 from pipeline.verify.verify import expectations_for, format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
@@ -60,10 +60,17 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
         fingerprint, inputs = prints[step.name]
         existing = find_wheels(layout.wheelhouse, step.recipe.dist_name, step.wheel_version)
         if existing and not force and all(is_current(wheel, fingerprint) for wheel in existing):
-            outcomes[step.name] = Outcome(step.name, "up to date", tuple(existing), detail=f"same inputs (fingerprint {fingerprint[:12]}; --force rebuilds)")
+            outcomes[step.name] = Outcome(
+                step.name,
+                "up to date",
+                tuple(existing),
+                detail=f"same inputs (fingerprint {fingerprint[:12]}; --force rebuilds)",
+            )
             continue
         if existing and not force:
-            recipe_logger(step.name).info("inputs changed since %s was built: rebuilding", ", ".join(w.name for w in existing))
+            recipe_logger(step.name).info(
+                "inputs changed since %s was built: rebuilding", ", ".join(w.name for w in existing)
+            )
         started = time.monotonic()
         try:
             wheels, note = _one_recipe(plan, step, layout, driver)
@@ -72,7 +79,9 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
             outcomes[step.name] = Outcome(step.name, "built", wheels, time.monotonic() - started, note)
         except RocwheelsError as exc:
             recipe_logger(step.name).error("failed: %s", exc)
-            outcomes[step.name] = Outcome(step.name, "failed", (), time.monotonic() - started, exc.message.splitlines()[0])
+            outcomes[step.name] = Outcome(
+                step.name, "failed", (), time.monotonic() - started, exc.message.splitlines()[0]
+            )
     return list(outcomes.values())
 
 
@@ -99,17 +108,28 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
         repaired.append(repair_wheel(wheel, staging, settings, log_file=log_file, logger=logger))
     # The smoke test installs the exact builds next to the wheel: the line's from the wheelhouse, build wheels from their files.
     requirements = (*pins, *map(str, fetch_build_wheels(recipe, layout.recipes_dir, logger)))
-    targets = tuple(t.processor for t in plan.targets) if recipe.gpu_code else None  # a fallback may compile no GPU code
-    expect = expectations_for(recipe, plan.line, targets, version=step.wheel_version, pins=pins,
-                              smoke_requirements=requirements, find_links=layout.wheelhouse if step.dependencies else None)
+    targets = (
+        tuple(t.processor for t in plan.targets) if recipe.gpu_code else None
+    )  # a fallback may compile no GPU code
+    expect = expectations_for(
+        recipe,
+        plan.line,
+        targets,
+        version=step.wheel_version,
+        pins=pins,
+        smoke_requirements=requirements,
+        find_links=layout.wheelhouse if step.dependencies else None,
+    )
     for wheel in repaired:
         logger.info("verifying %s", wheel.name)
         report = verify_wheel(wheel, expect, log_file=log_file, scratch=layout.work_dir)
         for line in format_report(report).splitlines():
             logger.info("%s", line)
         if not report.ok:
-            raise RocwheelsError(f"{wheel.name} failed verification: " + "; ".join(f.message for f in report.errors()),
-                                 fix=f"see {log_file}; no wheel of {step.name} was put in the wheelhouse")
+            raise RocwheelsError(
+                f"{wheel.name} failed verification: " + "; ".join(f.message for f in report.errors()),
+                fix=f"see {log_file}; no wheel of {step.name} was put in the wheelhouse",
+            )
     accepted = tuple(_accept(wheel, layout.wheelhouse) for wheel in repaired)
     # A rebuild may carry another platform tag: older files of this version would shadow it.
     for stale in set(find_wheels(layout.wheelhouse, recipe.dist_name, step.wheel_version)) - set(accepted):
@@ -147,5 +167,11 @@ def summary_table(outcomes: list[Outcome], console: Console | None = None) -> No
     for column in ("recipe", "status", "wheel", "time", "detail"):
         table.add_column(column)
     for o in outcomes:
-        table.add_row(o.recipe, o.status, "\n".join(w.name for w in o.wheels) or "-", f"{o.seconds:.0f} s" if o.seconds else "-", o.detail)
+        table.add_row(
+            o.recipe,
+            o.status,
+            "\n".join(w.name for w in o.wheels) or "-",
+            f"{o.seconds:.0f} s" if o.seconds else "-",
+            o.detail,
+        )
     (console or Console(stderr=True)).print(table)

@@ -27,7 +27,18 @@ from pipeline.util.cmd import run
 # What a job's checkout holds from the real one (the rest, wheelhouse/ and build/, is its own).
 CHECKOUT = ("Makefile", "pyproject.toml", "README.md", "pipeline", "recipes", "docker", ".venv")
 _EXPRESSION = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
-GITLAB_KEYWORDS = {"stages", "variables", "default", "workflow", "include", "image", "services", "before_script", "after_script", "cache"}
+GITLAB_KEYWORDS = {
+    "stages",
+    "variables",
+    "default",
+    "workflow",
+    "include",
+    "image",
+    "services",
+    "before_script",
+    "after_script",
+    "cache",
+}
 
 
 def load_yaml(path: Path) -> Any:
@@ -72,7 +83,10 @@ class Runner:
         for job_id in _in_needs_order(document["jobs"]):
             job = document["jobs"][job_id]
             needs = job.get("needs", [])
-            job_context = {**context, "needs": {n: {"outputs": outputs.get(n, {})} for n in ([needs] if isinstance(needs, str) else needs)}}
+            job_context = {
+                **context,
+                "needs": {n: {"outputs": outputs.get(n, {})} for n in ([needs] if isinstance(needs, str) else needs)},
+            }
             matrix = job.get("strategy", {}).get("matrix")
             entries: list[dict[str, str]] = [{}]
             if matrix is not None:
@@ -81,9 +95,13 @@ class Runner:
                     continue
                 entries = value["include"]
             for number, entry in enumerate(entries):
-                outputs[job_id] = self._github_job(f"{job_id}-{number}", job, env, {**job_context, "matrix": entry, "steps": {}})
+                outputs[job_id] = self._github_job(
+                    f"{job_id}-{number}", job, env, {**job_context, "matrix": entry, "steps": {}}
+                )
 
-    def _github_job(self, name: str, job: dict[str, Any], env: dict[str, str], context: dict[str, Any]) -> dict[str, str]:
+    def _github_job(
+        self, name: str, job: dict[str, Any], env: dict[str, str], context: dict[str, Any]
+    ) -> dict[str, str]:
         self.ran.append(name)
         workspace = self.workspace(name)
         output_file = workspace / ".github-output"
@@ -95,7 +113,9 @@ class Runner:
             if action.startswith("actions/upload-artifact@"):
                 self._upload(inputs["name"], workspace, [p for p in inputs["path"].splitlines() if p.strip()])
             elif action.startswith("actions/download-artifact@"):
-                assert inputs.get("merge-multiple", "").lower() == "true", "the template merges artifacts into one folder"
+                assert inputs.get("merge-multiple", "").lower() == "true", (
+                    "the template merges artifacts into one folder"
+                )
                 for store in sorted(self.artifacts.iterdir()) if self.artifacts.is_dir() else []:
                     if fnmatch.fnmatch(store.name, inputs["pattern"]):
                         shutil.copytree(store, workspace / inputs["path"], dirs_exist_ok=True)
@@ -103,7 +123,11 @@ class Runner:
                 assert not action, f"{name}: the runner knows no action {action}"
                 step_env = {key: str(_substitute(value, context)) for key, value in step.get("env", {}).items()}
                 output_file.write_text("")
-                self.script(str(_substitute(step["run"], context)), workspace, {**env, **step_env, "GITHUB_OUTPUT": str(output_file)})
+                self.script(
+                    str(_substitute(step["run"], context)),
+                    workspace,
+                    {**env, **step_env, "GITHUB_OUTPUT": str(output_file)},
+                )
                 if "id" in step:
                     values = dict(line.split("=", 1) for line in output_file.read_text().splitlines() if "=" in line)
                     context["steps"][step["id"]] = {"outputs": values}

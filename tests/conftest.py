@@ -23,14 +23,14 @@ import pytest
 # Session fixtures that build real HIP wheels live in their own module.
 from hip_wheels import built, hip_extensions, ld_library_path, repaired  # noqa: F401 (fixtures)
 
-from pipeline.util.cmd import run
 from pipeline.build.engine import Engine, detect_engine
 from pipeline.build.host import host_rocm_version
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock, select_line
-from pipeline.plan import Plan, make_plan
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
+from pipeline.plan import Plan, make_plan
+from pipeline.util.cmd import run
 
 # Without HIP_PLATFORM=amd, hipcc picks the nvcc that is also installed.
 HIP_ENV = {"HIP_PLATFORM": "amd"}
@@ -42,14 +42,22 @@ __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }
 """
 
 
-def recipe_toml(name: str, version: str = "1.0", *, depends_on: tuple[str, ...] = (),
-                supported: tuple[str, ...] = ("gfx90a", "gfx942"), env: dict[str, str] | None = None) -> str:
+def recipe_toml(
+    name: str,
+    version: str = "1.0",
+    *,
+    depends_on: tuple[str, ...] = (),
+    supported: tuple[str, ...] = ("gfx90a", "gfx942"),
+    env: dict[str, str] | None = None,
+) -> str:
     """The text of a small valid recipe (recipes and plan tests)."""
     env_table = "[env]\n" + "".join(f'{key} = "{value}"\n' for key, value in (env or {}).items()) if env else ""
-    return (f'name = "{name}"\ndepends_on = {list(depends_on)!r}\n{env_table}'
-            f'[targets]\nenv = "PYTORCH_ROCM_ARCH"\nsupported = {list(supported)!r}\n'
-            f'[smoke]\nimports = ["{name.replace("-", "_")}"]\n'
-            f'[versions."{version}".source]\npath = "."\n').replace("'", '"')
+    return (
+        f'name = "{name}"\ndepends_on = {list(depends_on)!r}\n{env_table}'
+        f'[targets]\nenv = "PYTORCH_ROCM_ARCH"\nsupported = {list(supported)!r}\n'
+        f'[smoke]\nimports = ["{name.replace("-", "_")}"]\n'
+        f'[versions."{version}".source]\npath = "."\n'
+    ).replace("'", '"')
 
 
 def offload_args(targets: tuple[str, ...]) -> list[str]:
@@ -104,16 +112,27 @@ def hip_library(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...]) -> P
 _ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 
 
-def _wheel_archive(path: Path, name: str, version: str, tag: str, purelib: bool, contents: dict[str, bytes],
-                   requires: tuple[str, ...] = (), provides_extras: tuple[str, ...] = ()) -> Path:
+def _wheel_archive(
+    path: Path,
+    name: str,
+    version: str,
+    tag: str,
+    purelib: bool,
+    contents: dict[str, bytes],
+    requires: tuple[str, ...] = (),
+    provides_extras: tuple[str, ...] = (),
+) -> Path:
     """Write ``contents`` plus METADATA, WHEEL and a correct RECORD as the wheel ``path``."""
     dist_info = f"{name.replace('-', '_')}-{version}.dist-info"
     contents = dict(contents)
-    contents[f"{dist_info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                         + "".join(f"Provides-Extra: {e}\n" for e in provides_extras)
-                                         + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
-    contents[f"{dist_info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: rocwheels-tests\n"
-                                      f"Root-Is-Purelib: {str(purelib).lower()}\nTag: {tag}\n").encode()
+    contents[f"{dist_info}/METADATA"] = (
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + "".join(f"Provides-Extra: {e}\n" for e in provides_extras)
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    ).encode()
+    contents[f"{dist_info}/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: rocwheels-tests\nRoot-Is-Purelib: {str(purelib).lower()}\nTag: {tag}\n"
+    ).encode()
     record = [
         f"{member},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
         for member, data in contents.items()
@@ -131,8 +150,15 @@ def _wheel_archive(path: Path, name: str, version: str, tag: str, purelib: bool,
 
 def _write_wheel(directory: Path, name: str, version: str, build: str = "ours", requires: tuple[str, ...] = ()) -> Path:
     module = name.replace("-", "_")
-    return _wheel_archive(directory / f"{module}-{version}-py3-none-any.whl", name, version, "py3-none-any", True,
-                          {f"{module}/__init__.py": f"BUILD = {build!r}\n".encode()}, requires)
+    return _wheel_archive(
+        directory / f"{module}-{version}-py3-none-any.whl",
+        name,
+        version,
+        "py3-none-any",
+        True,
+        {f"{module}/__init__.py": f"BUILD = {build!r}\n".encode()},
+        requires,
+    )
 
 
 @pytest.fixture
@@ -154,8 +180,18 @@ def fresh_venv(tmp_path: Path) -> Path:
 
 
 def _pip_install(python: Path, *args: str) -> str:
-    argv = [sys.executable, "-m", "pip", "--python", python, "--isolated", "--disable-pip-version-check",
-            "install", "--no-cache-dir", *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "--isolated",
+        "--disable-pip-version-check",
+        "install",
+        "--no-cache-dir",
+        *args,
+    ]
     return run(argv, env={"PIP_CONFIG_FILE": os.devnull}).output
 
 
@@ -197,8 +233,14 @@ def _platform_wheel(
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
     plat = platform_tag or f"linux_{platform.machine()}"
     contents = {member: data if isinstance(data, bytes) else data.read_bytes() for member, data in files.items()}
-    return _wheel_archive(directory / f"{name}-{version}-{python}-{python}-{plat}.whl", name, version,
-                          f"{python}-{python}-{plat}", False, contents)
+    return _wheel_archive(
+        directory / f"{name}-{version}-{python}-{python}-{plat}.whl",
+        name,
+        version,
+        f"{python}-{python}-{plat}",
+        False,
+        contents,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -274,8 +316,14 @@ def canary_targets(hip_targets, host_line) -> tuple[str, ...]:
 
 def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
     name, lock_line = line
-    return make_plan(load_recipes(layout.recipes_dir), ["rocm-canary"], recipes_dir=layout.recipes_dir,
-                     line_name=name, line=lock_line, targets=parse_targets(";".join(targets)))
+    return make_plan(
+        load_recipes(layout.recipes_dir),
+        ["rocm-canary"],
+        recipes_dir=layout.recipes_dir,
+        line_name=name,
+        line=lock_line,
+        targets=parse_targets(";".join(targets)),
+    )
 
 
 # --- real podman and the debootstrapped Debian bases (container tests) ---

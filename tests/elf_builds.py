@@ -42,9 +42,11 @@ def _source(elf: Elf, needed: list[Elf]) -> str:
     calls = " + ".join(f"{n.function}()" for n in needed) or "0"
     declarations = "".join(f"int {n.function}(void);\n" for n in needed)
     if elf.module:
-        return (f"#include <Python.h>\n{declarations}"
-                f"static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, \"{elf.module}\", 0, -1, 0}};\n"
-                f"PyMODINIT_FUNC PyInit_{elf.module}(void) {{ return {calls} >= 0 ? PyModule_Create(&def) : 0; }}\n")
+        return (
+            f"#include <Python.h>\n{declarations}"
+            f'static struct PyModuleDef def = {{PyModuleDef_HEAD_INIT, "{elf.module}", 0, -1, 0}};\n'
+            f"PyMODINIT_FUNC PyInit_{elf.module}(void) {{ return {calls} >= 0 ? PyModule_Create(&def) : 0; }}\n"
+        )
     if elf.program:
         return f"{declarations}int main(void) {{ return {calls} > 0 ? 0 : 1; }}\n"
     return f"{declarations}int {elf.function}(void) {{ return 1 + {calls}; }}\n"
@@ -63,7 +65,14 @@ def build(files: tuple[Elf, ...], out: Path) -> dict[str, Path]:
         needed = [everything.get(m) or Elf(m) for m in elf.needs]
         source = target.with_name(target.name + ".c")
         source.write_text(_source(elf, needed))
-        args: list[str | Path] = ["musl-gcc" if elf.musl else "gcc", "-fPIC", source, "-o", target, "-Wl,--no-as-needed"]
+        args: list[str | Path] = [
+            "musl-gcc" if elf.musl else "gcc",
+            "-fPIC",
+            source,
+            "-o",
+            target,
+            "-Wl,--no-as-needed",
+        ]
         if not elf.program:
             args += ["-shared", f"-Wl,-soname,{elf.soname}"]
         if elf.module:

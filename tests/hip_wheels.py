@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.util.cmd import run
 from pipeline.repair.repair import RepairSettings, repair_wheel
+from pipeline.util.cmd import run
 
 HIP_ENV = {"HIP_PLATFORM": "amd"}
 EXT = sysconfig.get_config_var("EXT_SUFFIX")
@@ -103,8 +103,13 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
     _shared_library(deps, "libtestdep.so.1", "int testdep_value(void) { return 41; }\n")
     fakelink = _shared_library(deps, "libfakelink.so", "int fakelink_value(void) { return 7; }\n")
     _shared_library(gone, "libgone.so.1", "int gone_value(void) { return 1; }\n")
-    _shared_library(deps, "libtestmid.so.1", "int gone_value(void);\nint mid_value(void) { return gone_value(); }\n",
-                    f"-L{gone}", "-lgone")
+    _shared_library(
+        deps,
+        "libtestmid.so.1",
+        "int gone_value(void);\nint mid_value(void) { return gone_value(); }\n",
+        f"-L{gone}",
+        "-lgone",
+    )
     source = ext / "module.c"
     source.write_text(MODULE_SOURCE)
 
@@ -113,8 +118,20 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
     def c_extension(module: str, function: str, *sources_and_links: str | Path) -> Path:
         out = ext / f"{module}{EXT}"
-        run(["gcc", "-shared", "-fPIC", f"-I{PY_INCLUDE}", f"-DMODULE={module}", f"-DVALUE_FN={function}",
-             source, *sources_and_links, "-o", out])
+        run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                f"-I{PY_INCLUDE}",
+                f"-DMODULE={module}",
+                f"-DVALUE_FN={function}",
+                source,
+                *sources_and_links,
+                "-o",
+                out,
+            ]
+        )
         return out
 
     missing = c_extension("_missing", "gone_value", f"-L{gone}", "-lgone")
@@ -126,7 +143,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 
 
 @pytest.fixture(scope="session")
-def hip_extensions(built: Built, hipcc: str, hip_targets: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory) -> HipExtensions:
+def hip_extensions(
+    built: Built, hipcc: str, hip_targets: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
+) -> HipExtensions:
     """The two HIP extension modules, compiled once per session by the local hipcc."""
     ext = tmp_path_factory.mktemp("repair-hip")
     source = ext / "module.hip"
@@ -134,16 +153,33 @@ def hip_extensions(built: Built, hipcc: str, hip_targets: tuple[str, ...], tmp_p
 
     def hip_extension(module: str, function: str, library: str, *extra: str) -> Path:
         out = ext / f"{module}{EXT}"
-        run([hipcc, "-fPIC", "-shared", *(f"--offload-arch={t}" for t in hip_targets), f"-I{PY_INCLUDE}",
-             f"-DMODULE={module}", f"-DVALUE_FN={function}", source, "-o", out, f"-L{built.deps}", f"-l{library}",
-             *extra], env=HIP_ENV)
+        run(
+            [
+                hipcc,
+                "-fPIC",
+                "-shared",
+                *(f"--offload-arch={t}" for t in hip_targets),
+                f"-I{PY_INCLUDE}",
+                f"-DMODULE={module}",
+                f"-DVALUE_FN={function}",
+                source,
+                "-o",
+                out,
+                f"-L{built.deps}",
+                f"-l{library}",
+                *extra,
+            ],
+            env=HIP_ENV,
+        )
         return out
 
     # A RUNPATH as a careless build leaves it: a build folder and an empty entry (= the cwd).
     build_runpath = f"-Wl,-rpath,{ext}/build/lib:"
     with ThreadPoolExecutor() as pool:
         kernel = pool.submit(hip_extension, "_kernel", "testdep_value", "testdep")
-        linked = pool.submit(hip_extension, "_linked", "fakelink_value", "fakelink", "-Wl,--enable-new-dtags", build_runpath)
+        linked = pool.submit(
+            hip_extension, "_linked", "fakelink_value", "fakelink", "-Wl,--enable-new-dtags", build_runpath
+        )
         return HipExtensions(kernel.result(), linked.result())
 
 
@@ -164,18 +200,27 @@ class Repaired:
 
 @pytest.fixture(scope="module")
 def repaired(
-    hip_extensions: HipExtensions, ld_library_path: None, platform_wheel: Callable[..., Path],
+    hip_extensions: HipExtensions,
+    ld_library_path: None,
+    platform_wheel: Callable[..., Path],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Repaired:
     root = tmp_path_factory.mktemp("repair")
-    raw = platform_wheel(root / "raw", "hipext", {
-        "hipext/__init__.py": b"",
-        f"hipext/_kernel{EXT}": hip_extensions.kernel,
-        "hipext/sub/__init__.py": b"",
-        f"hipext/sub/_linked{EXT}": hip_extensions.linked,
-    }, version=HIPEXT_VERSION)
+    raw = platform_wheel(
+        root / "raw",
+        "hipext",
+        {
+            "hipext/__init__.py": b"",
+            f"hipext/_kernel{EXT}": hip_extensions.kernel,
+            "hipext/sub/__init__.py": b"",
+            f"hipext/sub/_linked{EXT}": hip_extensions.linked,
+        },
+        version=HIPEXT_VERSION,
+    )
     wheelhouse = root / "wheelhouse"
-    wheel = repair_wheel(raw, wheelhouse, RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR), log_file=root / "repair.log")
+    wheel = repair_wheel(
+        raw, wheelhouse, RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR), log_file=root / "repair.log"
+    )
     return Repaired(raw, wheel, wheelhouse)
 
 
@@ -191,5 +236,3 @@ def extract_wheel(wheel: Path, dest: Path) -> Path:
             if not info.is_dir():
                 target.chmod((info.external_attr >> 16) & 0o777 or 0o644)
     return dest
-
-

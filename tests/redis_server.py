@@ -25,8 +25,23 @@ def running_redis(address: str, folder: Path, password: str | None = None) -> It
     with socket.socket() as probe:
         probe.bind((address, 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen([server, "--bind", address, "--port", str(port), "--save", "", "--appendonly", "no",
-                                "--dir", str(folder), *(["--requirepass", password] if password else [])], stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            server,
+            "--bind",
+            address,
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+            *(["--requirepass", password] if password else []),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             assert process.poll() is None, f"redis-server exited with {process.returncode}"

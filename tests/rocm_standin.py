@@ -26,10 +26,10 @@ from pathlib import Path
 
 from conftest import _wheel_archive
 
-from pipeline.wheel.analyze import system_libraries
-from pipeline.util.cmd import run
-from pipeline.wheel.elf import read_elf
 from pipeline.repair.policy import load_policy
+from pipeline.util.cmd import run
+from pipeline.wheel.analyze import system_libraries
+from pipeline.wheel.elf import read_elf
 
 VERSION = "10.0.0"
 TAG = "py3-none-linux_x86_64"
@@ -54,12 +54,12 @@ def main():
 
 # Debian's hipcc reads ROCM_PATH for clang and the device libraries; the wrapper gives it the
 # builder's own and links the HIP runtime of the core package (hipcc.pl's HIP_LIB_PATH).
-_HIPCC = '''#!/bin/sh
+_HIPCC = """#!/bin/sh
 here=$(dirname "$(readlink -f "$0")")
 export HIP_LIB_PATH="$here/../../_rocm_sdk_core/lib" HIP_PATH={hip_path} HIP_CLANG_PATH={clang_path} DEVICE_LIB_PATH={device_libs}
 unset ROCM_PATH
 exec {hipcc} "$@"
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,11 @@ def build_standin_wheels(dest: Path, hip_library: Path, hipcc: str) -> StandIn:
     closure = _closure(hip_library)
     policy, system = load_policy(), system_libraries()
     core = {name: path for name, path in closure.items() if policy.is_rocm(name)}
-    sysdeps = {name: path for name, path in closure.items() if name not in core and name not in system and not name.startswith("ld-linux")}
+    sysdeps = {
+        name: path
+        for name, path in closure.items()
+        if name not in core and name not in system and not name.startswith("ld-linux")
+    }
     assert soname in core, f"{soname} not found by ldd {hip_library}: {sorted(closure)}"
     with tempfile.TemporaryDirectory(prefix="rocm-standin-") as scratch:
         files = {
@@ -89,16 +93,34 @@ def build_standin_wheels(dest: Path, hip_library: Path, hipcc: str) -> StandIn:
             **_relinked(sysdeps, Path(scratch) / "sysdeps", "$ORIGIN", "_rocm_sdk_core/lib/rocm_sysdeps/lib"),
         }
         _wheel(dest, "rocm-sdk-core", {"_rocm_sdk_core/__init__.py": b"", **files})
-    _wheel(dest, "rocm-sdk-libraries", {"_rocm_sdk_libraries/__init__.py": b"", "_rocm_sdk_libraries/lib/README": b"stand-in: no math libraries\n"})
+    _wheel(
+        dest,
+        "rocm-sdk-libraries",
+        {"_rocm_sdk_libraries/__init__.py": b"", "_rocm_sdk_libraries/lib/README": b"stand-in: no math libraries\n"},
+    )
     device_libs = Path(next(Path("/usr").rglob("amdgcn/bitcode/ocml.bc"))).parent
     real_hipcc = Path(shutil.which(hipcc) or hipcc).resolve()
-    wrapper = _HIPCC.format(hip_path=real_hipcc.parent.parent, clang_path=real_hipcc.parent, device_libs=device_libs, hipcc=real_hipcc)
-    _wheel(dest, "rocm-sdk-devel", {"_rocm_sdk_devel/__init__.py": b"", "_rocm_sdk_devel/bin/hipcc": wrapper.encode(),
-                                    "_rocm_sdk_devel/lib/cmake/README": b"stand-in: no CMake packages\n"})
+    wrapper = _HIPCC.format(
+        hip_path=real_hipcc.parent.parent, clang_path=real_hipcc.parent, device_libs=device_libs, hipcc=real_hipcc
+    )
+    _wheel(
+        dest,
+        "rocm-sdk-devel",
+        {
+            "_rocm_sdk_devel/__init__.py": b"",
+            "_rocm_sdk_devel/bin/hipcc": wrapper.encode(),
+            "_rocm_sdk_devel/lib/cmake/README": b"stand-in: no CMake packages\n",
+        },
+    )
     extras = {"libraries": ("rocm-sdk-core", "rocm-sdk-libraries"), "devel": ("rocm-sdk-core", "rocm-sdk-devel")}
-    _wheel(dest, "rocm", {"rocm_sdk/__init__.py": _CLI.encode()},
-           requires=tuple(f'{name}=={VERSION}; extra == "{extra}"' for extra, names in extras.items() for name in names),
-           provides_extras=tuple(extras), console_scripts={"rocm-sdk": "rocm_sdk:main"})
+    _wheel(
+        dest,
+        "rocm",
+        {"rocm_sdk/__init__.py": _CLI.encode()},
+        requires=tuple(f'{name}=={VERSION}; extra == "{extra}"' for extra, names in extras.items() for name in names),
+        provides_extras=tuple(extras),
+        console_scripts={"rocm-sdk": "rocm_sdk:main"},
+    )
     return StandIn(dest, soname, tuple(sorted(core)), tuple(sorted(sysdeps)))
 
 
@@ -124,11 +146,28 @@ def _relinked(libraries: dict[str, Path], scratch: Path, rpath: str, folder: str
     return members
 
 
-def _wheel(dest: Path, name: str, files: dict[str, bytes | Path], *, requires: tuple[str, ...] = (),
-           provides_extras: tuple[str, ...] = (), console_scripts: dict[str, str] | None = None) -> Path:
+def _wheel(
+    dest: Path,
+    name: str,
+    files: dict[str, bytes | Path],
+    *,
+    requires: tuple[str, ...] = (),
+    provides_extras: tuple[str, ...] = (),
+    console_scripts: dict[str, str] | None = None,
+) -> Path:
     dist_info = f"{name.replace('-', '_')}-{VERSION}.dist-info"
     contents = {member: data if isinstance(data, bytes) else data.read_bytes() for member, data in files.items()}
     if console_scripts:
-        contents[f"{dist_info}/entry_points.txt"] = ("[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in console_scripts.items())).encode()
-    return _wheel_archive(dest / f"{name.replace('-', '_')}-{VERSION}-{TAG}.whl", name, VERSION, TAG, False, contents,
-                          requires, provides_extras=provides_extras)
+        contents[f"{dist_info}/entry_points.txt"] = (
+            "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in console_scripts.items())
+        ).encode()
+    return _wheel_archive(
+        dest / f"{name.replace('-', '_')}-{VERSION}-{TAG}.whl",
+        name,
+        VERSION,
+        TAG,
+        False,
+        contents,
+        requires,
+        provides_extras=provides_extras,
+    )

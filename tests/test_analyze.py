@@ -8,18 +8,29 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.errors import RocwheelsError
 from pipeline.wheel.analyze import GLIBC_LOADER, MUSL_LOADER, Libc, analyze_wheel, libc_of, system_libraries
 from pipeline.wheel.elf import ELF_MAGIC, ElfError, ElfInfo
-from pipeline.errors import RocwheelsError
 
 
 def elf(*, rpath: tuple[str, ...] = (), runpath: tuple[str, ...] = (), needed: tuple[str, ...] = ()) -> ElfInfo:
-    return ElfInfo(machine="EM_X86_64", soname=None, needed=needed, rpath=rpath, runpath=runpath, hip_fatbin=None,
-                   amdgpu_processor=None)
+    return ElfInfo(
+        machine="EM_X86_64",
+        soname=None,
+        needed=needed,
+        rpath=rpath,
+        runpath=runpath,
+        hip_fatbin=None,
+        amdgpu_processor=None,
+    )
 
 
 def test_glibc_inherits_rpath_down_the_chain_until_a_runpath():
-    chain = [("pkg/lib/libb.so", elf()), ("pkg/lib/liba.so", elf(rpath=("$ORIGIN/../x",))), ("pkg/_ext.so", elf(rpath=("$ORIGIN/lib",)))]
+    chain = [
+        ("pkg/lib/libb.so", elf()),
+        ("pkg/lib/liba.so", elf(rpath=("$ORIGIN/../x",))),
+        ("pkg/_ext.so", elf(rpath=("$ORIGIN/lib",))),
+    ]
     assert GLIBC_LOADER.search_folders(chain) == ["pkg/x", "pkg/lib"]
     # The loading object's own DT_RUNPATH: no DT_RPATH of anyone, then its RUNPATH.
     with_runpath = [("pkg/lib/libb.so", elf(runpath=("$ORIGIN",))), *chain[1:]]

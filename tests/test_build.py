@@ -6,9 +6,9 @@ import pytest
 from conftest import REPO, canary_plan
 
 from pipeline.build.local import build_local
-from pipeline.wheel.elf import read_elf
-from pipeline.errors import CommandError
 from pipeline.config.layout import Layout
+from pipeline.errors import CommandError
+from pipeline.wheel.elf import read_elf
 from pipeline.wheel.offload import gpu_targets, parse_fatbin
 
 pytestmark = pytest.mark.hipcc

@@ -14,13 +14,13 @@ from cibuildwheel.options import CommandLineArguments, compute_options
 from conftest import REPO, canary_plan
 from redis_server import running_redis
 
-from pipeline.build.local import local_driver_for
 from pipeline.build.compiler_cache import remote_cache
 from pipeline.build.container import SCCACHE_HIPCC, cibuildwheel_env
 from pipeline.build.engine import Engine
+from pipeline.build.local import local_driver_for
+from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
 from pipeline.errors import RocwheelsError
-from pipeline.config.layout import Layout
 from pipeline.wheels import make_wheels
 
 
@@ -31,7 +31,10 @@ def test_no_setting_keeps_the_local_ccache() -> None:
 
 def test_redis_with_a_password_is_masked_and_keyed_by_line() -> None:
     cache = remote_cache("rocm7.2", {"ROCWHEELS_SCCACHE": "redis://:s3cret@cache.example:6379/2"})
-    assert cache.env == {"SCCACHE_REDIS_ENDPOINT": "redis://:s3cret@cache.example:6379/2", "SCCACHE_REDIS_KEY_PREFIX": "rocwheels/rocm7.2"}
+    assert cache.env == {
+        "SCCACHE_REDIS_ENDPOINT": "redis://:s3cret@cache.example:6379/2",
+        "SCCACHE_REDIS_KEY_PREFIX": "rocwheels/rocm7.2",
+    }
     assert "s3cret" not in cache.location and "cache.example:6379" in cache.location
     assert cache.secret == "s3cret"
 
@@ -40,7 +43,10 @@ def test_s3_and_webdav() -> None:
     s3 = remote_cache("rocm6.2", {"ROCWHEELS_SCCACHE": "s3://team-cache/ci"})
     assert s3.env == {"SCCACHE_BUCKET": "team-cache", "SCCACHE_S3_KEY_PREFIX": "ci/rocwheels/rocm6.2"}
     dav = remote_cache("rocm6.2", {"ROCWHEELS_SCCACHE": "webdav+https://dav.example/cache"})
-    assert dav.env == {"SCCACHE_WEBDAV_ENDPOINT": "https://dav.example/cache", "SCCACHE_WEBDAV_KEY_PREFIX": "rocwheels/rocm6.2"}
+    assert dav.env == {
+        "SCCACHE_WEBDAV_ENDPOINT": "https://dav.example/cache",
+        "SCCACHE_WEBDAV_KEY_PREFIX": "rocwheels/rocm6.2",
+    }
 
 
 def test_an_unknown_backend_names_the_setting_and_the_choices() -> None:
@@ -57,7 +63,9 @@ def redis_url(tmp_path: Path):
 
 @pytest.mark.hipcc
 @pytest.mark.network
-def test_a_second_runner_compiles_nothing_the_first_compiled(tmp_path, redis_url, host_line, canary_targets, monkeypatch) -> None:
+def test_a_second_runner_compiles_nothing_the_first_compiled(
+    tmp_path, redis_url, host_line, canary_targets, monkeypatch
+) -> None:
     monkeypatch.setenv("ROCWHEELS_SCCACHE", redis_url)
     notes = []
     for runner in ("first", "second"):
@@ -67,7 +75,10 @@ def test_a_second_runner_compiles_nothing_the_first_compiled(tmp_path, redis_url
         assert outcome.status == "built", outcome.detail
         notes.append(outcome.detail)
     location = f"cache {redis_url} (prefix rocwheels/{host_line[0]}/)"
-    assert notes == [f"sccache: 0% hits (0 of 1 compilations), {location}", f"sccache: 100% hits (1 of 1 compilations), {location}"]
+    assert notes == [
+        f"sccache: 0% hits (0 of 1 compilations), {location}",
+        f"sccache: 100% hits (1 of 1 compilations), {location}",
+    ]
 
 
 def test_container_builds_reach_the_shared_cache_as_cibuildwheel_reads_it(tmp_path, monkeypatch) -> None:
@@ -77,9 +88,18 @@ def test_container_builds_reach_the_shared_cache_as_cibuildwheel_reads_it(tmp_pa
     shared = remote_cache("debian13", {"ROCWHEELS_SCCACHE": "redis://cache.example:6379"})
     layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
     plan = canary_plan(layout, ("debian13", load_lock(REPO / "recipes").line("debian13")), ("gfx942",))
-    settings = cibuildwheel_env(plan, plan.steps[0], engine=Engine("docker", ("docker",)), image="localhost/rocwheels-builder:x",
-                                ccache=tmp_path / "ccache", gpu=False, shared=shared)
-    arguments = dataclasses.replace(CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=tmp_path)
+    settings = cibuildwheel_env(
+        plan,
+        plan.steps[0],
+        engine=Engine("docker", ("docker",)),
+        image="localhost/rocwheels-builder:x",
+        ccache=tmp_path / "ccache",
+        gpu=False,
+        shared=shared,
+    )
+    arguments = dataclasses.replace(
+        CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=tmp_path
+    )
     options = compute_options("linux", arguments, settings)
     build = options.build_options("cp313-manylinux_x86_64")
     environment = build.environment.as_dictionary({"HOME": "/root", "PATH": "/usr/bin"})

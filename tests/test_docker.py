@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
-from redis_server import running_redis
 from packaging.utils import parse_wheel_filename
+from redis_server import running_redis
 
-from pipeline.wheel.analyze import analyze_wheel
-from pipeline.util.cmd import run
 from pipeline.build.container import builder_image, container_driver
-from pipeline.doctor import engine_check, image_test
 from pipeline.build.engine import Engine, _has_buildkit, detect_engine
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.plan import Plan, make_plan
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
+from pipeline.doctor import engine_check, image_test
+from pipeline.plan import Plan, make_plan
+from pipeline.util.cmd import run
+from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
 
 RECIPES = REPO / "recipes"
@@ -60,9 +60,21 @@ def docker_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     host = f"unix://{run_dir}/docker.sock"
     log = (run_dir / "dockerd.log").open("w")
     process = subprocess.Popen(
-        [dockerd, "--host", host, "--data-root", DATA_ROOT, "--exec-root", run_dir / "exec", "--pidfile", run_dir / "docker.pid",
-         "--bip", BRIDGE_ADDRESS],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            dockerd,
+            "--host",
+            host,
+            "--data-root",
+            DATA_ROOT,
+            "--exec-root",
+            run_dir / "exec",
+            "--pidfile",
+            run_dir / "docker.pid",
+            "--bip",
+            BRIDGE_ADDRESS,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     try:
         for _ in range(300):
@@ -101,18 +113,41 @@ def docker_engine(docker_host: str) -> Iterator[Engine]:
 @pytest.fixture(scope="session")
 def docker_trixie_base(docker_engine: Engine, trixie_base: str) -> str:
     """The Debian 13 base in docker: moved over from podman once (the same debootstrap image)."""
-    if run(docker_engine.command("image", "inspect", trixie_base), env=docker_engine.env, check=False, quiet=True).returncode != 0:
+    if (
+        run(
+            docker_engine.command("image", "inspect", trixie_base), env=docker_engine.env, check=False, quiet=True
+        ).returncode
+        != 0
+    ):
         podman = detect_engine("podman")
-        run(["bash", "-euo", "pipefail", "-c", f'"$1" save {trixie_base} | "$2" load', "copy", podman.argv_prefix[0], docker_engine.argv_prefix[0]],
-            env={**podman.env, **docker_engine.env})
+        run(
+            [
+                "bash",
+                "-euo",
+                "pipefail",
+                "-c",
+                f'"$1" save {trixie_base} | "$2" load',
+                "copy",
+                podman.argv_prefix[0],
+                docker_engine.argv_prefix[0],
+            ],
+            env={**podman.env, **docker_engine.env},
+        )
     return trixie_base
 
 
 def debian13_plan(base: str) -> Plan:
     """The canary on the lock's debian13 line, with the test base under it."""
     line = load_lock(RECIPES).line("debian13").model_copy(update={"builder_image": base})
-    return make_plan(load_recipes(RECIPES), ["rocm-canary"], recipes_dir=RECIPES, line_name="debian13", line=line,
-                     targets=parse_targets(";".join(ARCH)), driver="container")
+    return make_plan(
+        load_recipes(RECIPES),
+        ["rocm-canary"],
+        recipes_dir=RECIPES,
+        line_name="debian13",
+        line=line,
+        targets=parse_targets(";".join(ARCH)),
+        driver="container",
+    )
 
 
 @pytest.mark.container
@@ -123,8 +158,9 @@ def test_doctor_checks_docker(docker_engine: Engine, docker_host: str) -> None:
 
 
 @pytest.mark.container
-def test_the_canary_builds_in_the_builder_image_with_docker(docker_engine: Engine, docker_trixie_base: str, tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_canary_builds_in_the_builder_image_with_docker(
+    docker_engine: Engine, docker_trixie_base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ROCWHEELS_CCACHE_DIR", str(tmp_path / "ccache"))
     layout = Layout(RECIPES, tmp_path / "wheelhouse", tmp_path / "work")
     plan = debian13_plan(docker_trixie_base)
@@ -150,8 +186,9 @@ def test_the_canary_builds_in_the_builder_image_with_docker(docker_engine: Engin
 
 @pytest.mark.container
 @pytest.mark.network
-def test_container_builds_share_compilations_through_redis(docker_engine: Engine, docker_trixie_base: str, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_container_builds_share_compilations_through_redis(
+    docker_engine: Engine, docker_trixie_base: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two runners (separate work folders, no ccache) build in the builder container with the
     shared cache: Redis with a password on the docker bridge's gateway, which the containers
     reach; the password goes in through sccache's own variable."""
@@ -168,4 +205,7 @@ def test_container_builds_share_compilations_through_redis(docker_engine: Engine
             assert outcome.status == "built", f"{outcome.detail}\n{layout.log_file('rocm-canary').read_text()[-3000:]}"
             notes.append(outcome.detail)
     location = f"cache {url} (prefix rocwheels/debian13/)"
-    assert notes == [f"sccache: 0% hits (0 of 1 compilations), {location}", f"sccache: 100% hits (1 of 1 compilations), {location}"]
+    assert notes == [
+        f"sccache: 0% hits (0 of 1 compilations), {location}",
+        f"sccache: 100% hits (1 of 1 compilations), {location}",
+    ]

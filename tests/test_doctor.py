@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from pipeline.build.engine import Engine
+from pipeline.config.lock import load_lock
 from pipeline.doctor import (
     Check,
     device_check,
@@ -18,8 +20,6 @@ from pipeline.doctor import (
     render_nodes_check,
     run_doctor,
 )
-from pipeline.build.engine import Engine
-from pipeline.config.lock import load_lock
 
 # One rocminfo agent section per device, trimmed to the lines the doctor reads.
 ROCMINFO = """\
@@ -72,7 +72,15 @@ def fake_rocminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def test_doctor_on_this_host(no_gpu_here: None) -> None:
     line = load_lock(REPO / "recipes").line("debian13")
     checks = by_name(run_doctor("gfx942", line, line_name="debian13"))
-    assert list(checks) == ["container engine", "/dev/kfd", "/dev/dri", "groups", "GPU targets", "host ROCm", "installed torch"]
+    assert list(checks) == [
+        "container engine",
+        "/dev/kfd",
+        "/dev/dri",
+        "groups",
+        "GPU targets",
+        "host ROCm",
+        "installed torch",
+    ]
 
     assert checks["container engine"].ok is True, checks["container engine"]
     assert "podman" in checks["container engine"].detail
@@ -133,7 +141,10 @@ def test_gpu_targets_from_rocminfo(fake_rocminfo, arch: tuple[str, ...], ok: boo
 
 
 def test_failing_rocminfo_is_not_applicable_and_quotes_its_verdict(fake_rocminfo) -> None:
-    fake_rocminfo("libkmod: ERROR could not open /proc/modules\n\x1b[31mROCk module is NOT loaded, possibly no GPU devices\x1b[0m\n", 1)
+    fake_rocminfo(
+        "libkmod: ERROR could not open /proc/modules\n\x1b[31mROCk module is NOT loaded, possibly no GPU devices\x1b[0m\n",
+        1,
+    )
     check = gpu_targets_check(("gfx942",))
     assert check.ok is None
     assert check.detail == "rocminfo failed (exit 1): ROCk module is NOT loaded, possibly no GPU devices"

@@ -13,9 +13,9 @@ import pytest
 from conftest import HIP_ENV, offload_args
 from elftools.elf.elffile import ELFFile
 
+from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import ElfError, amdgpu_processor, is_elf, read_elf
-from pipeline.errors import RocwheelsError
 from pipeline.wheel.offload import gpu_targets, parse_fatbin
 
 E_FLAGS_OFFSET = 48  # in an ELF64 header
@@ -47,7 +47,15 @@ def code_objects(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...], tmp
     objects = {}
     for target in hip_targets:
         objects[target] = folder / f"{target}.co"
-        args = [hipcc, "--genco", "--no-gpu-bundle-output", f"--offload-arch={target}", hip_kernel, "-o", objects[target]]
+        args = [
+            hipcc,
+            "--genco",
+            "--no-gpu-bundle-output",
+            f"--offload-arch={target}",
+            hip_kernel,
+            "-o",
+            objects[target],
+        ]
         run(args, env=HIP_ENV)
     return objects
 
@@ -79,8 +87,15 @@ def test_hip_library(hip_library, hip_targets, hip_runtime_soname):
 
 @pytest.mark.hipcc
 def test_soname_and_runpath_with_empty_entries(hipcc, hip_object, hip_targets, tmp_path):
-    library = link(hipcc, hip_object, hip_targets, tmp_path / "libk.so",
-                   "-Wl,-soname,libk.so.3", "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../lib::/opt/rocm/lib:")
+    library = link(
+        hipcc,
+        hip_object,
+        hip_targets,
+        tmp_path / "libk.so",
+        "-Wl,-soname,libk.so.3",
+        "-Wl,--enable-new-dtags",
+        "-Wl,-rpath,$ORIGIN/../lib::/opt/rocm/lib:",
+    )
     info = read_elf(library)
     assert info.soname == "libk.so.3"
     assert info.runpath == ("$ORIGIN/../lib", "", "/opt/rocm/lib", "")
@@ -89,8 +104,9 @@ def test_soname_and_runpath_with_empty_entries(hipcc, hip_object, hip_targets, t
 
 @pytest.mark.hipcc
 def test_rpath(hipcc, hip_object, hip_targets, tmp_path):
-    library = link(hipcc, hip_object, hip_targets, tmp_path / "libk.so",
-                   "-Wl,--disable-new-dtags", "-Wl,-rpath,/opt/rocm/lib")
+    library = link(
+        hipcc, hip_object, hip_targets, tmp_path / "libk.so", "-Wl,--disable-new-dtags", "-Wl,-rpath,/opt/rocm/lib"
+    )
     info = read_elf(library)
     assert info.rpath == ("/opt/rocm/lib",)
     assert info.runpath == ()
@@ -121,15 +137,21 @@ def test_code_objects_in_a_bundle_match_their_ids(hip_library, tmp_path):
     assert gpu_entries
     for entry in gpu_entries:
         path = tmp_path / f"{entry.target_id}.co"
-        path.write_bytes(fatbin[bundle.offset + entry.offset:][:entry.size])
+        path.write_bytes(fatbin[bundle.offset + entry.offset :][: entry.size])
         assert read_elf(path).amdgpu_processor == entry.processor
 
 
 @pytest.mark.hipcc
 @pytest.mark.parametrize(
     "mach, processor",
-    [(0x4C, "gfx942"), (0x4F, "gfx950"), (0x41, "gfx1100"), (0x48, "gfx1200"), (0x51, "gfx9-generic"),
-     (0xFE, "unknown EF_AMDGPU_MACH 0xfe")],
+    [
+        (0x4C, "gfx942"),
+        (0x4F, "gfx950"),
+        (0x41, "gfx1100"),
+        (0x48, "gfx1200"),
+        (0x51, "gfx9-generic"),
+        (0xFE, "unknown EF_AMDGPU_MACH 0xfe"),
+    ],
 )
 def test_processor_from_e_flags_of_a_patched_code_object(code_objects, tmp_path, mach, processor):
     source = next(iter(code_objects.values()))
@@ -171,7 +193,7 @@ def test_non_elf_names_the_file(tmp_path):
 TRUNCATIONS = {
     "magic only": lambda data: data[:4],
     "ELF header only": lambda data: data[:64],
-    "half": lambda data: data[:len(data) // 2],
+    "half": lambda data: data[: len(data) // 2],
     "last section header cut": lambda data: data[:-10],
 }
 

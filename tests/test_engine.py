@@ -71,8 +71,10 @@ def test_broken_podman_falls_back_to_a_working_docker(bin_dir: Path) -> None:
 def fake_docker(folder: Path, *, buildx: bool, client: str) -> Path:
     """A docker client whose engine answers, with or without the buildx plugin."""
     tool = folder / "docker"
-    tool.write_text(f'#!/bin/sh\ncase "$1" in\n  info) echo 28.0.0 ;;\n  buildx) exit {0 if buildx else 1} ;;\n'
-                    f'  version) echo {client} ;;\nesac\n')
+    tool.write_text(
+        f'#!/bin/sh\ncase "$1" in\n  info) echo 28.0.0 ;;\n  buildx) exit {0 if buildx else 1} ;;\n'
+        f"  version) echo {client} ;;\nesac\n"
+    )
     tool.chmod(0o755)
     return tool
 

@@ -94,6 +94,7 @@ def replace_in(name: str, old: str, new: str) -> Callable[[Project], None]:
     def setup(p: Project) -> None:
         path = p.recipes / name
         path.write_text(path.read_text().replace(old, new))
+
     return setup
 
 
@@ -129,6 +130,7 @@ def with_record(p: Project) -> Path:
 
 def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Callable[[Project], None]:
     """A wheel of exactly these members (plus correct metadata), one of them stored as a symlink."""
+
     def setup(p: Project) -> None:
         wheel = _wheel_archive(p.wheelhouse / CANARY, "alpha", "1.0+rocm9.9", "py3-none-any", True, members)
         if symlink:
@@ -139,6 +141,7 @@ def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Ca
                         info.external_attr = (0o120777) << 16
                     out.writestr(info, source.read(info))
             rewritten.replace(wheel)
+
     return setup
 
 
@@ -150,6 +153,7 @@ def text_file(name: str = CANARY) -> Callable[[Project], None]:
     def setup(p: Project) -> None:
         p.wheelhouse.mkdir(parents=True, exist_ok=True)
         (p.wheelhouse / name).write_text("not a wheel\n")
+
     return setup
 
 
@@ -179,6 +183,7 @@ def port_in_use(p: Project) -> None:
 
 def indexed_then(change: Callable[[Project], None]) -> Callable[[Project], None]:
     """A wheelhouse with a built index and constraints, then ``change``: the old index must survive."""
+
     def setup(p: Project) -> None:
         from pipeline.publish.index import build_static_index, write_constraints
 
@@ -187,6 +192,7 @@ def indexed_then(change: Callable[[Project], None]) -> Callable[[Project], None]
         write_constraints(p.wheelhouse)
         (p.root / "before").write_text((p.wheelhouse / "constraints-rocm9.9.txt").read_text())
         change(p)
+
     return setup
 
 
@@ -199,6 +205,7 @@ def no_file(*names: str) -> Callable[[Project], None]:
     def check(p: Project) -> None:
         for name in names:
             assert not (p.root / name).exists(), name
+
     return check
 
 
@@ -206,6 +213,7 @@ def setup_all(*setups: Callable[[Project], None]) -> Callable[[Project], None]:
     def setup(p: Project) -> None:
         for one in setups:
             one(p)
+
     return setup
 
 
@@ -230,88 +238,504 @@ SERVE = ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/package
 CASES = (
     # recipes
     Case("recipe-not-toml", "recipe", PLAN, 2, ("alpha.toml", "not valid TOML"), recipe_text("alpha", "name = \n")),
-    Case("recipe-is-a-folder", "recipe", PLAN, 2, ("gamma.toml", "is a folder"), lambda p: (p.recipes / "gamma.toml").mkdir()),
-    Case("recipe-not-utf8", "recipe", PLAN, 2, ("alpha.toml", "not UTF-8"), recipe_text("alpha", b'name = "alpha\xff"\n')),
-    Case("recipe-unknown-key", "recipe", PLAN, 2, ("alpha.toml", "colour", "unknown key"), replace_in("alpha.toml", 'name = "alpha"', 'name = "alpha"\ncolour = "red"')),
-    Case("recipe-name-missing", "recipe", PLAN, 2, ("alpha.toml", "name", "required key is missing"), replace_in("alpha.toml", 'name = "alpha"\n', "")),
-    Case("recipe-name-not-file-name", "recipe", PLAN, 2, ("alpha.toml", "but the file is"), replace_in("alpha.toml", 'name = "alpha"', 'name = "other"')),
-    Case("recipe-source-missing", "recipe", PLAN, 2, ("alpha.toml", "exactly one of path, url, git"), replace_in("alpha.toml", 'path = "."', 'subdir = "x"')),
-    Case("recipe-url-without-scheme", "recipe", PLAN, 2, ("alpha.toml", "url", "has no scheme"), url_source("example.org/alpha-1.0.tar.gz")),
-    Case("recipe-url-without-sha256", "recipe", PLAN, 2, ("alpha.toml", "sha256"), replace_in("alpha.toml", 'path = "."', 'url = "https://example.org/a.tar.gz"')),
-    Case("recipe-git-short-commit", "recipe", PLAN, 2, ("alpha.toml", "40-hex"), replace_in("alpha.toml", 'path = "."', 'git = "https://example.org/a.git"\ncommit = "abc123"')),
-    Case("recipe-path-missing", "recipe", PLAN, 2, ("alpha.toml", "does not exist"), replace_in("alpha.toml", 'path = "."', 'path = "nowhere"')),
-    Case("recipe-unknown-dependency", "recipe", PLAN, 2, ("beta.toml", "unknown recipe 'gamma'"), replace_in("beta.toml", '["alpha"]', '["gamma"]')),
-    Case("recipe-dependency-cycle", "recipe", PLAN, 2, ("dependency cycle",), replace_in("alpha.toml", "depends_on = []", 'depends_on = ["beta"]')),
-    Case("recipe-same-distribution", "recipe", PLAN, 2, ("distribution", "one recipe per distribution"), replace_in("beta.toml", 'name = "beta"', 'name = "beta"\ndistribution = "alpha"')),
-    Case("recipe-unknown-placeholder", "recipe", PLAN, 2, ("alpha.toml", "unknown placeholder {nope}"), replace_in("alpha.toml", "[targets]", '[env]\nX = "{nope}"\n[targets]')),
-    Case("recipe-bad-version", "recipe", PLAN, 2, ("alpha.toml", "versions"), replace_in("alpha.toml", '"1.0"', '"one"')),
-    Case("recipe-unknown-gpu-target", "recipe", PLAN, 2, ("alpha.toml", "gfx9999"), replace_in("alpha.toml", '"gfx90a", "gfx942"', '"gfx9999"')),
+    Case(
+        "recipe-is-a-folder",
+        "recipe",
+        PLAN,
+        2,
+        ("gamma.toml", "is a folder"),
+        lambda p: (p.recipes / "gamma.toml").mkdir(),
+    ),
+    Case(
+        "recipe-not-utf8", "recipe", PLAN, 2, ("alpha.toml", "not UTF-8"), recipe_text("alpha", b'name = "alpha\xff"\n')
+    ),
+    Case(
+        "recipe-unknown-key",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "colour", "unknown key"),
+        replace_in("alpha.toml", 'name = "alpha"', 'name = "alpha"\ncolour = "red"'),
+    ),
+    Case(
+        "recipe-name-missing",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "name", "required key is missing"),
+        replace_in("alpha.toml", 'name = "alpha"\n', ""),
+    ),
+    Case(
+        "recipe-name-not-file-name",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "but the file is"),
+        replace_in("alpha.toml", 'name = "alpha"', 'name = "other"'),
+    ),
+    Case(
+        "recipe-source-missing",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "exactly one of path, url, git"),
+        replace_in("alpha.toml", 'path = "."', 'subdir = "x"'),
+    ),
+    Case(
+        "recipe-url-without-scheme",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "url", "has no scheme"),
+        url_source("example.org/alpha-1.0.tar.gz"),
+    ),
+    Case(
+        "recipe-url-without-sha256",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "sha256"),
+        replace_in("alpha.toml", 'path = "."', 'url = "https://example.org/a.tar.gz"'),
+    ),
+    Case(
+        "recipe-git-short-commit",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "40-hex"),
+        replace_in("alpha.toml", 'path = "."', 'git = "https://example.org/a.git"\ncommit = "abc123"'),
+    ),
+    Case(
+        "recipe-path-missing",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "does not exist"),
+        replace_in("alpha.toml", 'path = "."', 'path = "nowhere"'),
+    ),
+    Case(
+        "recipe-unknown-dependency",
+        "recipe",
+        PLAN,
+        2,
+        ("beta.toml", "unknown recipe 'gamma'"),
+        replace_in("beta.toml", '["alpha"]', '["gamma"]'),
+    ),
+    Case(
+        "recipe-dependency-cycle",
+        "recipe",
+        PLAN,
+        2,
+        ("dependency cycle",),
+        replace_in("alpha.toml", "depends_on = []", 'depends_on = ["beta"]'),
+    ),
+    Case(
+        "recipe-same-distribution",
+        "recipe",
+        PLAN,
+        2,
+        ("distribution", "one recipe per distribution"),
+        replace_in("beta.toml", 'name = "beta"', 'name = "beta"\ndistribution = "alpha"'),
+    ),
+    Case(
+        "recipe-unknown-placeholder",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "unknown placeholder {nope}"),
+        replace_in("alpha.toml", "[targets]", '[env]\nX = "{nope}"\n[targets]'),
+    ),
+    Case(
+        "recipe-bad-version", "recipe", PLAN, 2, ("alpha.toml", "versions"), replace_in("alpha.toml", '"1.0"', '"one"')
+    ),
+    Case(
+        "recipe-unknown-gpu-target",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "gfx9999"),
+        replace_in("alpha.toml", '"gfx90a", "gfx942"', '"gfx9999"'),
+    ),
     # the lock
-    Case("lock-missing", "lock", PLAN, 2, ("lock.toml", "file not found"), lambda p: (p.recipes / "lock.toml").unlink()),
+    Case(
+        "lock-missing", "lock", PLAN, 2, ("lock.toml", "file not found"), lambda p: (p.recipes / "lock.toml").unlink()
+    ),
     Case("lock-not-toml", "lock", PLAN, 2, ("lock.toml", "not valid TOML"), recipe_text("lock", "[lines\n")),
-    Case("lock-schema-too-new", "lock", PLAN, 2, ("lock.toml", "schema_version", "upgrade rocwheels"), replace_in("lock.toml", 'default_line', "schema_version = 99\ndefault_line")),
-    Case("lock-default-line-unknown", "lock", PLAN, 2, ("default_line", "is not a line"), replace_in("lock.toml", 'default_line = "rocm9.9"', 'default_line = "rocm1.0"')),
-    Case("lock-unknown-line", "lock", ("plan", "--arch", "gfx90a", "--rocm", "rocm1.0"), 2, ("no ROCm line named 'rocm1.0'", "rocm9.9")),
-    Case("lock-pin-without-recipe", "lock", ("lock", "check"), 2, ("lines.rocm9.9.versions.gamma", "no recipe of that name"), replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"')),
-    Case("lock-pins-unknown-version", "lock", ("lock", "check"), 2, ("alpha", "2.0"), replace_in("lock.toml", 'alpha = "1.0"', 'alpha = "2.0"')),
-    Case("lock-dependency-unpinned", "lock", ("lock", "check"), 2, ("beta depends on alpha",), replace_in("lock.toml", 'alpha = "1.0"\n', "")),
-    Case("lock-unknown-key", "lock", PLAN, 2, ("lock.toml", "unknown key"), replace_in("lock.toml", 'rocm = "9.9.0"', 'rocm = "9.9.0"\nflavour = "x"')),
-    Case("index-build-pin-without-recipe", "index", INDEX, 2, ("no recipe of that name",), setup_all(lambda p: p.wheel(), replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"'))),
+    Case(
+        "lock-schema-too-new",
+        "lock",
+        PLAN,
+        2,
+        ("lock.toml", "schema_version", "upgrade rocwheels"),
+        replace_in("lock.toml", "default_line", "schema_version = 99\ndefault_line"),
+    ),
+    Case(
+        "lock-default-line-unknown",
+        "lock",
+        PLAN,
+        2,
+        ("default_line", "is not a line"),
+        replace_in("lock.toml", 'default_line = "rocm9.9"', 'default_line = "rocm1.0"'),
+    ),
+    Case(
+        "lock-unknown-line",
+        "lock",
+        ("plan", "--arch", "gfx90a", "--rocm", "rocm1.0"),
+        2,
+        ("no ROCm line named 'rocm1.0'", "rocm9.9"),
+    ),
+    Case(
+        "lock-pin-without-recipe",
+        "lock",
+        ("lock", "check"),
+        2,
+        ("lines.rocm9.9.versions.gamma", "no recipe of that name"),
+        replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"'),
+    ),
+    Case(
+        "lock-pins-unknown-version",
+        "lock",
+        ("lock", "check"),
+        2,
+        ("alpha", "2.0"),
+        replace_in("lock.toml", 'alpha = "1.0"', 'alpha = "2.0"'),
+    ),
+    Case(
+        "lock-dependency-unpinned",
+        "lock",
+        ("lock", "check"),
+        2,
+        ("beta depends on alpha",),
+        replace_in("lock.toml", 'alpha = "1.0"\n', ""),
+    ),
+    Case(
+        "lock-unknown-key",
+        "lock",
+        PLAN,
+        2,
+        ("lock.toml", "unknown key"),
+        replace_in("lock.toml", 'rocm = "9.9.0"', 'rocm = "9.9.0"\nflavour = "x"'),
+    ),
+    Case(
+        "index-build-pin-without-recipe",
+        "index",
+        INDEX,
+        2,
+        ("no recipe of that name",),
+        setup_all(lambda p: p.wheel(), replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"')),
+    ),
     # ARCH
-    Case("arch-unknown-target", "arch", ("plan", "--arch", "gfx9999", "--rocm", "rocm9.9"), 2, ("unknown GPU target 'gfx9999'", "gfx942")),
+    Case(
+        "arch-unknown-target",
+        "arch",
+        ("plan", "--arch", "gfx9999", "--rocm", "rocm9.9"),
+        2,
+        ("unknown GPU target 'gfx9999'", "gfx942"),
+    ),
     Case("arch-empty", "arch", ("plan", "--arch", "", "--rocm", "rocm9.9"), 2, ("no GPU target given", "ARCH=gfx942")),
     Case("arch-only-separators", "arch", ("plan", "--arch", ";,", "--rocm", "rocm9.9"), 2, ("no GPU target given",)),
     Case("arch-missing", "arch", ("plan", "--rocm", "rocm9.9"), 2, ("Missing option '--arch'",)),
-    Case("verify-arch-empty", "arch", ("verify", "--no-smoke", "--arch", "", "{wheel}"), 2, ("no GPU target given",), lambda p: p.wheel()),
-    Case("verify-arch-unknown", "arch", ("verify", "--no-smoke", "--arch", "sm_90", "{wheel}"), 2, ("unknown GPU target 'sm_90'",), lambda p: p.wheel()),
+    Case(
+        "verify-arch-empty",
+        "arch",
+        ("verify", "--no-smoke", "--arch", "", "{wheel}"),
+        2,
+        ("no GPU target given",),
+        lambda p: p.wheel(),
+    ),
+    Case(
+        "verify-arch-unknown",
+        "arch",
+        ("verify", "--no-smoke", "--arch", "sm_90", "{wheel}"),
+        2,
+        ("unknown GPU target 'sm_90'",),
+        lambda p: p.wheel(),
+    ),
     # wheels given to verify, inspect, repair
     Case("wheel-missing", "wheel", VERIFY, 1, ("no such wheel",)),
     Case("wheel-none-given", "wheel", ("verify",), 2, ("give one or more wheel files",)),
     Case("wheel-not-a-zip", "wheel", VERIFY, 1, ("not a readable zip archive", "rebuild"), text_file()),
-    Case("wheel-bad-file-name", "wheel", ("verify", "--no-smoke", "{wheelhouse}/alpha.whl"), 1, ("not a wheel file name",), text_file("alpha.whl")),
-    Case("wheel-tampered-member-verify", "wheel", VERIFY, 1, ("member alpha/__init__.py does not match its RECORD hash", "rebuild"), tampered_wheel),
-    Case("wheel-tampered-member-inspect", "wheel", ("inspect", "{wheel}"), 1, ("member alpha/__init__.py does not match its RECORD hash",), tampered_wheel),
-    Case("wheel-tampered-member-repair", "wheel", ("repair", "-w", "{root}/repaired", "{wheel}"), 1, ("member alpha/__init__.py does not match its RECORD hash",), tampered_wheel, no_file("repaired/" + CANARY)),
-    Case("wheel-symlink-member", "wheel", VERIFY, 1, ("alpha/link.py is a symbolic link",), member_wheel({"alpha/__init__.py": b"", "alpha/link.py": b"__init__.py"}, symlink="alpha/link.py")),
-    Case("wheel-unsafe-member-path", "wheel", VERIFY, 1, ("unsafe member path '../evil.py'",), raw({"../evil.py": b"", "alpha-1.0+rocm9.9.dist-info/RECORD": b""})),
-    Case("wheel-record-names-missing-file", "wheel", VERIFY, 1, ("RECORD lists files the archive does not contain",), raw({"alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/gone.py,,\n"})),
-    Case("wheel-file-missing-from-record", "wheel", VERIFY, 1, ("files missing from RECORD", "alpha/extra.py"), raw({"alpha/extra.py": b"", "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b""})),
-    Case("wheel-two-dist-info", "wheel", VERIFY, 1, ("exactly one top-level .dist-info folder",), raw({"a-1.dist-info/RECORD": b"", "alpha-1.0+rocm9.9.dist-info/RECORD": b""})),
-    Case("wheel-weak-record-hash", "wheel", VERIFY, 1, ("RECORD hash for alpha/__init__.py uses 'md5'",), raw({"alpha/__init__.py": b"", "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/__init__.py,md5=x,0\nalpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n"})),
-    Case("wheel-metadata-name-missing", "wheel", VERIFY, 1, ("METADATA Name missing",), raw({"alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n", "alpha-1.0+rocm9.9.dist-info/METADATA": b"Version: 1.0\n", "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n"})),
+    Case(
+        "wheel-bad-file-name",
+        "wheel",
+        ("verify", "--no-smoke", "{wheelhouse}/alpha.whl"),
+        1,
+        ("not a wheel file name",),
+        text_file("alpha.whl"),
+    ),
+    Case(
+        "wheel-tampered-member-verify",
+        "wheel",
+        VERIFY,
+        1,
+        ("member alpha/__init__.py does not match its RECORD hash", "rebuild"),
+        tampered_wheel,
+    ),
+    Case(
+        "wheel-tampered-member-inspect",
+        "wheel",
+        ("inspect", "{wheel}"),
+        1,
+        ("member alpha/__init__.py does not match its RECORD hash",),
+        tampered_wheel,
+    ),
+    Case(
+        "wheel-tampered-member-repair",
+        "wheel",
+        ("repair", "-w", "{root}/repaired", "{wheel}"),
+        1,
+        ("member alpha/__init__.py does not match its RECORD hash",),
+        tampered_wheel,
+        no_file("repaired/" + CANARY),
+    ),
+    Case(
+        "wheel-symlink-member",
+        "wheel",
+        VERIFY,
+        1,
+        ("alpha/link.py is a symbolic link",),
+        member_wheel({"alpha/__init__.py": b"", "alpha/link.py": b"__init__.py"}, symlink="alpha/link.py"),
+    ),
+    Case(
+        "wheel-unsafe-member-path",
+        "wheel",
+        VERIFY,
+        1,
+        ("unsafe member path '../evil.py'",),
+        raw({"../evil.py": b"", "alpha-1.0+rocm9.9.dist-info/RECORD": b""}),
+    ),
+    Case(
+        "wheel-record-names-missing-file",
+        "wheel",
+        VERIFY,
+        1,
+        ("RECORD lists files the archive does not contain",),
+        raw(
+            {
+                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
+                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n",
+                "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/gone.py,,\n",
+            }
+        ),
+    ),
+    Case(
+        "wheel-file-missing-from-record",
+        "wheel",
+        VERIFY,
+        1,
+        ("files missing from RECORD", "alpha/extra.py"),
+        raw(
+            {
+                "alpha/extra.py": b"",
+                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
+                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n",
+                "alpha-1.0+rocm9.9.dist-info/RECORD": b"",
+            }
+        ),
+    ),
+    Case(
+        "wheel-two-dist-info",
+        "wheel",
+        VERIFY,
+        1,
+        ("exactly one top-level .dist-info folder",),
+        raw({"a-1.dist-info/RECORD": b"", "alpha-1.0+rocm9.9.dist-info/RECORD": b""}),
+    ),
+    Case(
+        "wheel-weak-record-hash",
+        "wheel",
+        VERIFY,
+        1,
+        ("RECORD hash for alpha/__init__.py uses 'md5'",),
+        raw(
+            {
+                "alpha/__init__.py": b"",
+                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
+                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n",
+                "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/__init__.py,md5=x,0\nalpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n",
+            }
+        ),
+    ),
+    Case(
+        "wheel-metadata-name-missing",
+        "wheel",
+        VERIFY,
+        1,
+        ("METADATA Name missing",),
+        raw(
+            {
+                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
+                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Version: 1.0\n",
+                "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n",
+            }
+        ),
+    ),
     Case("wheel-changed-after-verify", "wheel", VERIFY, 1, ("differs from the provenance record",), with_record),
-    Case("wheel-broken-provenance-record", "wheel", VERIFY, 1, ("not a readable provenance record",), setup_all(lambda p: p.wheel(), lambda p: record_path(p.wheelhouse / CANARY).write_text("{"))),
+    Case(
+        "wheel-broken-provenance-record",
+        "wheel",
+        VERIFY,
+        1,
+        ("not a readable provenance record",),
+        setup_all(lambda p: p.wheel(), lambda p: record_path(p.wheelhouse / CANARY).write_text("{")),
+    ),
     # A fresh clone has no build/ yet: the smoke test's venv still gets a place (it used to crash).
-    Case("verify-fresh-clone-without-work-dir", "wheel", ("--work-dir", "{root}/absent/build", "verify", "{wheel}"), 0, ("smoke", "alpha imported"), lambda p: p.wheel()),
+    Case(
+        "verify-fresh-clone-without-work-dir",
+        "wheel",
+        ("--work-dir", "{root}/absent/build", "verify", "{wheel}"),
+        0,
+        ("smoke", "alpha imported"),
+        lambda p: p.wheel(),
+    ),
     # the index
     Case("index-no-wheelhouse", "index", INDEX, 2, ("no wheelhouse at",)),
-    Case("index-no-labelled-wheels", "index", INDEX, 1, ("no wheels with a +rocmX.Y local version label",), lambda p: p.wheel("1.0")),
-    Case("index-text-file-named-whl", "index", INDEX, 1, ("not a readable zip archive",), indexed_then(text_file("beta-1.0+rocm9.9-py3-none-any.whl")), old_index_kept),
-    Case("index-bad-wheel-name", "index", INDEX, 1, ("not a valid wheel file name",), indexed_then(text_file("beta.whl")), old_index_kept),
-    Case("index-two-versions-one-line", "index", INDEX, 1, ("2 versions in the rocm9.9 line", "can pin only one"), indexed_then(lambda p: p.wheel("1.1+rocm9.9")), old_index_kept),
+    Case(
+        "index-no-labelled-wheels",
+        "index",
+        INDEX,
+        1,
+        ("no wheels with a +rocmX.Y local version label",),
+        lambda p: p.wheel("1.0"),
+    ),
+    Case(
+        "index-text-file-named-whl",
+        "index",
+        INDEX,
+        1,
+        ("not a readable zip archive",),
+        indexed_then(text_file("beta-1.0+rocm9.9-py3-none-any.whl")),
+        old_index_kept,
+    ),
+    Case(
+        "index-bad-wheel-name",
+        "index",
+        INDEX,
+        1,
+        ("not a valid wheel file name",),
+        indexed_then(text_file("beta.whl")),
+        old_index_kept,
+    ),
+    Case(
+        "index-two-versions-one-line",
+        "index",
+        INDEX,
+        1,
+        ("2 versions in the rocm9.9 line", "can pin only one"),
+        indexed_then(lambda p: p.wheel("1.1+rocm9.9")),
+        old_index_kept,
+    ),
     Case("index-wheel-changed-after-verify", "index", INDEX, 1, ("is not the one verify accepted",), with_record),
-    Case("index-simple-is-a-real-folder", "index", INDEX, 1, ("is a real folder",), setup_all(lambda p: p.wheel(), lambda p: (p.wheelhouse / "simple").mkdir())),
+    Case(
+        "index-simple-is-a-real-folder",
+        "index",
+        INDEX,
+        1,
+        ("is a real folder",),
+        setup_all(lambda p: p.wheel(), lambda p: (p.wheelhouse / "simple").mkdir()),
+    ),
     # publishing
     Case("publish-empty-wheelhouse", "publish", PUBLISH, 1, ("no wheels to publish",), lambda p: p.wheelhouse.mkdir()),
-    Case("publish-index-unreachable", "publish", PUBLISH, 1, ("unreachable", "gave up after 1 attempts", "rocwheels serve"), lambda p: p.wheel()),
-    Case("publish-unknown-pypirc-section", "publish", ("publish", "--repository", "nowhere", "--config-file", "{root}/pypirc"), 1, ("cannot use repository 'nowhere'",), setup_all(lambda p: p.wheel(), lambda p: (p.root / "pypirc").write_text("[distutils]\nindex-servers = other\n"))),
+    Case(
+        "publish-index-unreachable",
+        "publish",
+        PUBLISH,
+        1,
+        ("unreachable", "gave up after 1 attempts", "rocwheels serve"),
+        lambda p: p.wheel(),
+    ),
+    Case(
+        "publish-unknown-pypirc-section",
+        "publish",
+        ("publish", "--repository", "nowhere", "--config-file", "{root}/pypirc"),
+        1,
+        ("cannot use repository 'nowhere'",),
+        setup_all(
+            lambda p: p.wheel(), lambda p: (p.root / "pypirc").write_text("[distutils]\nindex-servers = other\n")
+        ),
+    ),
     Case("publish-text-file-named-whl", "publish", PUBLISH, 1, ("not a readable zip archive",), text_file()),
     Case("publish-wheel-changed-after-verify", "publish", PUBLISH, 1, ("is not the one verify accepted",), with_record),
-    Case("publish-attempts-zero", "publish", ("publish", "--attempts", "0", "--repository", "http://127.0.0.1:1/"), 2, ("--attempts",)),
+    Case(
+        "publish-attempts-zero",
+        "publish",
+        ("publish", "--attempts", "0", "--repository", "http://127.0.0.1:1/"),
+        2,
+        ("--attempts",),
+    ),
     Case("publish-repository-missing", "publish", ("publish",), 2, ("Missing option '--repository'",)),
     # the served index
     Case("serve-no-htpasswd", "serve", SERVE, 2, ("no htpasswd file", "index add-user")),
     Case("serve-htpasswd-without-users", "serve", SERVE, 2, ("holds no user", "index add-user"), htpasswd("")),
-    Case("serve-htpasswd-garbage", "serve", SERVE, 2, ("is not a readable htpasswd file",), htpasswd("no colon here\n")),
-    Case("serve-host-unresolvable", "serve", (*SERVE, "--host", "no-such-host.invalid"), 2, ("does not resolve",), good_htpasswd),
-    Case("serve-port-in-use", "serve", ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/packages", "--port", "{port}"), 1, ("already in use", "another --port"), port_in_use),
+    Case(
+        "serve-htpasswd-garbage", "serve", SERVE, 2, ("is not a readable htpasswd file",), htpasswd("no colon here\n")
+    ),
+    Case(
+        "serve-host-unresolvable",
+        "serve",
+        (*SERVE, "--host", "no-such-host.invalid"),
+        2,
+        ("does not resolve",),
+        good_htpasswd,
+    ),
+    Case(
+        "serve-port-in-use",
+        "serve",
+        ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/packages", "--port", "{port}"),
+        1,
+        ("already in use", "another --port"),
+        port_in_use,
+    ),
     Case("serve-port-out-of-range", "serve", ("serve", "--port", "70000"), 2, ("70000",)),
-    Case("serve-packages-is-a-file", "serve", ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/htpasswd", "--port", "{closed}"), 2, ("is a file",), good_htpasswd),
-    Case("add-user-colon-in-name", "serve", ("index", "add-user", "al:ice", "--htpasswd", "{root}/htpasswd"), 2, ("cannot be stored in an htpasswd file",), None, no_file("htpasswd"), (("ROCWHEELS_INDEX_PASSWORD", "pw"),)),
-    Case("add-user-empty-name", "serve", ("index", "add-user", "", "--htpasswd", "{root}/htpasswd"), 2, ("cannot be stored",), None, no_file("htpasswd"), (("ROCWHEELS_INDEX_PASSWORD", "pw"),)),
-    Case("add-user-broken-htpasswd", "serve", ("index", "add-user", "bob", "--htpasswd", "{root}/htpasswd"), 2, ("is not a readable htpasswd file",), htpasswd("no colon here\n"), None, (("ROCWHEELS_INDEX_PASSWORD", "pw"),)),
+    Case(
+        "serve-packages-is-a-file",
+        "serve",
+        ("serve", "--htpasswd", "{root}/htpasswd", "--packages", "{root}/htpasswd", "--port", "{closed}"),
+        2,
+        ("is a file",),
+        good_htpasswd,
+    ),
+    Case(
+        "add-user-colon-in-name",
+        "serve",
+        ("index", "add-user", "al:ice", "--htpasswd", "{root}/htpasswd"),
+        2,
+        ("cannot be stored in an htpasswd file",),
+        None,
+        no_file("htpasswd"),
+        (("ROCWHEELS_INDEX_PASSWORD", "pw"),),
+    ),
+    Case(
+        "add-user-empty-name",
+        "serve",
+        ("index", "add-user", "", "--htpasswd", "{root}/htpasswd"),
+        2,
+        ("cannot be stored",),
+        None,
+        no_file("htpasswd"),
+        (("ROCWHEELS_INDEX_PASSWORD", "pw"),),
+    ),
+    Case(
+        "add-user-broken-htpasswd",
+        "serve",
+        ("index", "add-user", "bob", "--htpasswd", "{root}/htpasswd"),
+        2,
+        ("is not a readable htpasswd file",),
+        htpasswd("no colon here\n"),
+        None,
+        (("ROCWHEELS_INDEX_PASSWORD", "pw"),),
+    ),
     # tools missing on this machine
-    Case("no-container-engine", "tools", ("image", "build", "--rocm", "rocm9.9"), 1, ("no working container engine",), None, None, (("PATH", "{root}/empty-bin"),)),
+    Case(
+        "no-container-engine",
+        "tools",
+        ("image", "build", "--rocm", "rocm9.9"),
+        1,
+        ("no working container engine",),
+        None,
+        None,
+        (("PATH", "{root}/empty-bin"),),
+    ),
     Case("doctor-unknown-line", "tools", ("doctor", "--rocm", "rocm1.0"), 2, ("no ROCm line named 'rocm1.0'",)),
     Case("unknown-command", "tools", ("bulid",), 2, ("No such command 'bulid'",)),
 )
@@ -319,8 +743,9 @@ CASES = (
 
 def _fill(value: str, project: Project, closed: int) -> str:
     port = (project.root / "port").read_text() if (project.root / "port").exists() else ""
-    return value.format(root=project.root, wheel=project.wheelhouse / CANARY, wheelhouse=project.wheelhouse,
-                        port=port, closed=closed)
+    return value.format(
+        root=project.root, wheel=project.wheelhouse / CANARY, wheelhouse=project.wheelhouse, port=port, closed=closed
+    )
 
 
 def run_rocwheels(project: Project, args: tuple[str, ...], capsys, monkeypatch, env=()) -> tuple[int, str]:
@@ -329,8 +754,16 @@ def run_rocwheels(project: Project, args: tuple[str, ...], capsys, monkeypatch, 
     (project.root / "empty-bin").mkdir(exist_ok=True)
     for name, value in env:
         monkeypatch.setenv(name, _fill(value, project, closed))
-    argv = ["rocwheels", "--recipes-dir", str(project.recipes), "--wheelhouse", str(project.wheelhouse),
-            "--work-dir", str(project.work), *(_fill(a, project, closed) for a in args)]
+    argv = [
+        "rocwheels",
+        "--recipes-dir",
+        str(project.recipes),
+        "--wheelhouse",
+        str(project.wheelhouse),
+        "--work-dir",
+        str(project.work),
+        *(_fill(a, project, closed) for a in args),
+    ]
     monkeypatch.setattr(sys, "argv", argv)
     try:
         main()
@@ -343,8 +776,11 @@ def run_rocwheels(project: Project, args: tuple[str, ...], capsys, monkeypatch, 
 
 def leftovers(project: Project) -> list[str]:
     """Half-written files anywhere in the project, and anything in its TMPDIR."""
-    partial = [str(p.relative_to(project.root)) for p in project.root.rglob("*")
-               if p.name.endswith((".partial", ".tmp")) or (p.name.startswith(".simple-") and p.name.endswith(".link"))]
+    partial = [
+        str(p.relative_to(project.root))
+        for p in project.root.rglob("*")
+        if p.name.endswith((".partial", ".tmp")) or (p.name.startswith(".simple-") and p.name.endswith(".link"))
+    ]
     return partial + [p.name for p in project.tmp.iterdir()]
 
 
@@ -354,7 +790,14 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TMPDIR", str(project.tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     monkeypatch.setenv("ROCWHEELS_CACHE", str(project.cache))
-    for name in ("ROCWHEELS_ARCH", "ROCWHEELS_ROCM", "ROCWHEELS_DRIVER", "ROCWHEELS_REPOSITORY", "TWINE_USERNAME", "TWINE_PASSWORD"):
+    for name in (
+        "ROCWHEELS_ARCH",
+        "ROCWHEELS_ROCM",
+        "ROCWHEELS_DRIVER",
+        "ROCWHEELS_REPOSITORY",
+        "TWINE_USERNAME",
+        "TWINE_PASSWORD",
+    ):
         monkeypatch.delenv(name, raising=False)
     # Setups may log (index builds) before main sets logging up: not to a closed earlier capture.
     monkeypatch.setattr(logging.getLogger("rocwheels"), "handlers", [])

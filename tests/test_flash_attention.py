@@ -25,10 +25,10 @@ from torch_line import (
     torch_wheel_dir,
 )
 
-from pipeline.util.cmd import run
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.repair.pins import exact_requirements
+from pipeline.util.cmd import run
 
 SHIPPED = Path(__file__).parents[1] / "recipes"
 BACKEND = {"FLASH_ATTENTION_TRITON_AMD_ENABLE": "TRUE"}
@@ -70,9 +70,22 @@ def test_published_wheel_installs_with_its_torch_and_imports_up_to_triton(built,
     layout, _ = built
     with published(layout.wheelhouse, tmp_path / "pypiserver") as index:
         python = new_venv(tmp_path / "venv")
-        isolated_pip(python, "install", "-q", "--no-compile", "--index-url", index.simple_url, "--find-links", torch_wheel_dir("flash-attention"),
-                     "--find-links", download_torch_deps(tmp_path / "deps"), "flash-attn")
-    versions = run([python, "-c", "import importlib.metadata as m; print(m.version('torch'), m.version('flash-attn'))"]).output.split()
+        isolated_pip(
+            python,
+            "install",
+            "-q",
+            "--no-compile",
+            "--index-url",
+            index.simple_url,
+            "--find-links",
+            torch_wheel_dir("flash-attention"),
+            "--find-links",
+            download_torch_deps(tmp_path / "deps"),
+            "flash-attn",
+        )
+    versions = run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('torch'), m.version('flash-attn'))"]
+    ).output.split()
     assert versions == [TORCH[1], "2.8.3.post2+rocm5.2"]
 
     # With the backend variable the import reaches the Triton backend: a ROCm host adds its triton here.

@@ -16,20 +16,47 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import RocwheelsError
 from pipeline.config.lock import load_lock
-from pipeline.wheel.offload import parse_fatbin
 from pipeline.config.recipes import load_recipe
+from pipeline.errors import RocwheelsError
 from pipeline.wheel.archive import check_wheel
+from pipeline.wheel.offload import parse_fatbin
 
-BOUNDED = settings(max_examples=150, deadline=None, database=None,
-                   suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+BOUNDED = settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 # TOML-ish text: keys, tables and values recipes and locks use, shuffled into nonsense.
-_TOKENS = st.sampled_from(['name = "alpha"', "[versions.\"1.0\".source]", 'path = "."', "url = ", '"x"', "[targets]",
-                           "supported = [\"gfx90a\"]", "default_line = ", "[lines.a]", "rocm = 1", "schema_version = 99",
-                           "depends_on = [", "]", "{", "}", "=", "\n", "\xff", "[[rules]]", 'env = "{nope}"'])
-TOML_TEXT = st.one_of(st.binary(max_size=300), st.lists(_TOKENS, max_size=30).map(lambda t: " ".join(t).encode("utf-8")))
+_TOKENS = st.sampled_from(
+    [
+        'name = "alpha"',
+        '[versions."1.0".source]',
+        'path = "."',
+        "url = ",
+        '"x"',
+        "[targets]",
+        'supported = ["gfx90a"]',
+        "default_line = ",
+        "[lines.a]",
+        "rocm = 1",
+        "schema_version = 99",
+        "depends_on = [",
+        "]",
+        "{",
+        "}",
+        "=",
+        "\n",
+        "\xff",
+        "[[rules]]",
+        'env = "{nope}"',
+    ]
+)
+TOML_TEXT = st.one_of(
+    st.binary(max_size=300), st.lists(_TOKENS, max_size=30).map(lambda t: " ".join(t).encode("utf-8"))
+)
 
 
 @BOUNDED
@@ -62,14 +89,37 @@ def _zip_of(members: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-_MEMBER_NAMES = st.sampled_from(["alpha/__init__.py", "alpha-1.0.dist-info/RECORD", "alpha-1.0.dist-info/WHEEL",
-                                 "alpha-1.0.dist-info/METADATA", "../x", "/abs", "a\\b", "other-1.dist-info/RECORD"])
-_MEMBER_DATA = st.one_of(st.binary(max_size=80), st.sampled_from([
-    b"alpha/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n", b"Tag: py3-none-any\n",
-    b"Name: alpha\nVersion: 1.0\n", b"a,b\n", b"x,md5=1,2\n"]))
-WHEEL_BYTES = st.one_of(st.binary(max_size=400), st.dictionaries(_MEMBER_NAMES, _MEMBER_DATA, max_size=6).map(_zip_of),
-                        st.dictionaries(_MEMBER_NAMES, _MEMBER_DATA, max_size=6).map(_zip_of).flatmap(
-                            lambda z: st.integers(0, max(len(z) - 1, 0)).map(lambda i: z[:i] + b"\0" + z[i + 1:])))
+_MEMBER_NAMES = st.sampled_from(
+    [
+        "alpha/__init__.py",
+        "alpha-1.0.dist-info/RECORD",
+        "alpha-1.0.dist-info/WHEEL",
+        "alpha-1.0.dist-info/METADATA",
+        "../x",
+        "/abs",
+        "a\\b",
+        "other-1.dist-info/RECORD",
+    ]
+)
+_MEMBER_DATA = st.one_of(
+    st.binary(max_size=80),
+    st.sampled_from(
+        [
+            b"alpha/__init__.py,sha256=47DEQpj8HBSa-_TImW-5JCeuQeRkm5NMpJWZG3hSuFU,0\n",
+            b"Tag: py3-none-any\n",
+            b"Name: alpha\nVersion: 1.0\n",
+            b"a,b\n",
+            b"x,md5=1,2\n",
+        ]
+    ),
+)
+WHEEL_BYTES = st.one_of(
+    st.binary(max_size=400),
+    st.dictionaries(_MEMBER_NAMES, _MEMBER_DATA, max_size=6).map(_zip_of),
+    st.dictionaries(_MEMBER_NAMES, _MEMBER_DATA, max_size=6)
+    .map(_zip_of)
+    .flatmap(lambda z: st.integers(0, max(len(z) - 1, 0)).map(lambda i: z[:i] + b"\0" + z[i + 1 :])),
+)
 
 
 @BOUNDED
@@ -100,11 +150,20 @@ _COMPRESSED = [_compressed(version, method) for version in (1, 3) for method in 
 # Valid compressed bundles with one byte changed or cut short, and v1 zstd headers before a zstd
 # magic and noise (whose end is found by walking the frame's blocks).
 _DAMAGED = st.tuples(st.sampled_from(_COMPRESSED), st.integers(0, 200), st.integers(0, 255), st.booleans()).map(
-    lambda c: c[0][:c[1] % len(c[0])] if c[3] else c[0][:c[1] % len(c[0])] + bytes([c[2]]) + c[0][c[1] % len(c[0]) + 1:])
+    lambda c: (
+        c[0][: c[1] % len(c[0])] if c[3] else c[0][: c[1] % len(c[0])] + bytes([c[2]]) + c[0][c[1] % len(c[0]) + 1 :]
+    )
+)
 _ZSTD_NOISE = st.binary(max_size=200).map(
-    lambda b: struct.pack("<4sHHIQ", b"CCOB", 1, 1, len(_PLAIN), 0) + b"\x28\xb5\x2f\xfd" + b)
-FATBIN = st.one_of(st.binary(max_size=200), st.binary(max_size=200).map(lambda b: _MAGIC + b),
-                   st.binary(max_size=200).map(lambda b: b"CCOB" + b), _DAMAGED, _ZSTD_NOISE)
+    lambda b: struct.pack("<4sHHIQ", b"CCOB", 1, 1, len(_PLAIN), 0) + b"\x28\xb5\x2f\xfd" + b
+)
+FATBIN = st.one_of(
+    st.binary(max_size=200),
+    st.binary(max_size=200).map(lambda b: _MAGIC + b),
+    st.binary(max_size=200).map(lambda b: b"CCOB" + b),
+    _DAMAGED,
+    _ZSTD_NOISE,
+)
 
 
 @BOUNDED

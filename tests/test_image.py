@@ -18,10 +18,10 @@ import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from pipeline.util.cmd import run
 from pipeline.build.engine import Engine
-from pipeline.errors import RocwheelsError
 from pipeline.build.image import BUILDER_REPOSITORY, PROJECT_ROOT, build_image
+from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
 
 PYTHON = "3.13"  # trixie's python3
 ARCHS = ("gfx90a", "gfx942")
@@ -33,7 +33,8 @@ def fake_podman(tmp_path: Path) -> tuple[Engine, Path]:
     record = tmp_path / "builds"
     record.mkdir()
     script = tmp_path / "podman"
-    script.write_text(textwrap.dedent(f"""\
+    script.write_text(
+        textwrap.dedent(f"""\
         #!/bin/sh
         [ "$1" = build ] || exit 1
         n=$(ls {record} | wc -l)
@@ -41,7 +42,8 @@ def fake_podman(tmp_path: Path) -> tuple[Engine, Path]:
         printf '%s\\n' "$@" > {record}/$n/args
         for last; do :; done
         cp -r "$last" {record}/$n/context
-    """))
+    """)
+    )
     script.chmod(0o755)
     return Engine("podman", (str(script),), {}), record
 
@@ -101,7 +103,9 @@ def test_tag_follows_source_and_build_args(fake_podman: tuple[Engine, Path], tmp
         ("7.1", ["3.99"], "no pins for Python 3.99"),
     ],
 )
-def test_bad_inputs_are_explained(fake_podman: tuple[Engine, Path], line: str, pythons: list[str], message: str) -> None:
+def test_bad_inputs_are_explained(
+    fake_podman: tuple[Engine, Path], line: str, pythons: list[str], message: str
+) -> None:
     engine, record = fake_podman
     with pytest.raises(RocwheelsError, match=message):
         build_image(line, "base", pythons, engine)
@@ -222,9 +226,7 @@ HIP_EXTENSION = {
 
 
 @pytest.mark.container
-def test_cibuildwheel_builds_repairs_and_tests_a_hip_extension(
-    engine: Engine, builder: str, tmp_path: Path
-) -> None:
+def test_cibuildwheel_builds_repairs_and_tests_a_hip_extension(engine: Engine, builder: str, tmp_path: Path) -> None:
     project = tmp_path / "hipext"
     project.mkdir()
     for name, text in HIP_EXTENSION.items():

@@ -96,23 +96,31 @@ def test_an_empty_wheelhouse_is_an_error(tmp_path):
 
 
 @pytest.mark.network
-def test_pip_installs_from_the_static_index_over_http(tmp_path, make_wheel, static_server, fresh_venv, pip_install,
-                                                      installed_build):
+def test_pip_installs_from_the_static_index_over_http(
+    tmp_path, make_wheel, static_server, fresh_venv, pip_install, installed_build
+):
     wheelhouse = tmp_path / "wheelhouse"
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9")
     build_static_index(wheelhouse)
     (tmp_path / "empty").mkdir()
 
     with static_server(wheelhouse) as url:
-        pip_install(fresh_venv, "--index-url", (tmp_path / "empty").as_uri(),
-                    "--extra-index-url", f"{url}simple/rocm9.9/", CANARY)
+        pip_install(
+            fresh_venv,
+            "--index-url",
+            (tmp_path / "empty").as_uri(),
+            "--extra-index-url",
+            f"{url}simple/rocm9.9/",
+            CANARY,
+        )
 
     assert installed_build(fresh_venv, "rocm_canary") == "0.1.0+rocm9.9 ours"
 
 
 @pytest.mark.network
-def test_constraints_keep_builds_from_another_index_out(tmp_path, make_wheel, static_server, fresh_venv, pip_install,
-                                                        installed_build):
+def test_constraints_keep_builds_from_another_index_out(
+    tmp_path, make_wheel, static_server, fresh_venv, pip_install, installed_build
+):
     ours = tmp_path / "wheelhouse"
     make_wheel(ours, CANARY, "0.1.0+rocm9.9")
     build_static_index(ours)
@@ -132,8 +140,9 @@ def test_constraints_keep_builds_from_another_index_out(tmp_path, make_wheel, st
     assert installed_build(fresh_venv, "rocm_canary") == "0.1.0+rocm9.9 ours"
 
 
-def test_hashed_requirements_need_dependencies_installed_separately(tmp_path, make_wheel, fresh_venv, pip_install,
-                                                                    installed_build):
+def test_hashed_requirements_need_dependencies_installed_separately(
+    tmp_path, make_wheel, fresh_venv, pip_install, installed_build
+):
     """pip's hash-checking mode covers the whole install: the two-step recipe the README gives."""
     wheelhouse = tmp_path / "wheelhouse"
     make_wheel(wheelhouse, CANARY, "0.1.0+rocm9.9", requires=("some-dependency",))
@@ -164,8 +173,9 @@ def test_a_package_with_its_own_label_joins_its_line(tmp_path, make_wheel):
 
 
 @pytest.mark.network
-def test_a_file_changed_on_the_static_index_fails_the_hash_checked_install(tmp_path, make_wheel, static_server,
-                                                                          fresh_venv, pip_install):
+def test_a_file_changed_on_the_static_index_fails_the_hash_checked_install(
+    tmp_path, make_wheel, static_server, fresh_venv, pip_install
+):
     """The index serves exactly the verified bytes: a file swapped on the server after `index build`
     is refused by the hashes of requirements-<line>.txt, and its provenance record, served beside
     it, no longer matches it."""
@@ -180,7 +190,9 @@ def test_a_file_changed_on_the_static_index_fails_the_hash_checked_install(tmp_p
     downloads.mkdir()
     with static_server(wheelhouse) as url:
         with pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
-            pip_install(fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "--require-hashes", "--no-deps", "-r", requirements)
+            pip_install(
+                fresh_venv, "--index-url", f"{url}simple/rocm9.9/", "--require-hashes", "--no-deps", "-r", requirements
+            )
         for name in (wheel.name, record_path(wheel).name):
             with urlopen(url + quote(name), timeout=10) as served:
                 (downloads / name).write_bytes(served.read())

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.util.cmd import run
 from pipeline.publish.index import build_static_index, write_constraints, write_requirements
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.util.cmd import run
 
 REPO = Path(__file__).resolve().parents[1]
 README_URL = "http://buildhost:8080/simple/"
@@ -35,8 +35,10 @@ def readme_commands() -> dict[str, list[str]]:
     """The install section's code blocks: the one-step pins form, then the hash-checked two steps."""
     text = (REPO / "README.md").read_text()
     section = text.split("### Install as a teammate", 1)[1].split("\n#", 1)[0]
-    blocks = [[line.strip() for line in block.splitlines()]
-              for block in re.findall(r"((?:^    pip install .*\n)+)", section, flags=re.MULTILINE)]
+    blocks = [
+        [line.strip() for line in block.splitlines()]
+        for block in re.findall(r"((?:^    pip install .*\n)+)", section, flags=re.MULTILINE)
+    ]
     pins, hashes = blocks
     assert [len(pins), len(hashes)] == [1, 2], blocks
     return {"pins": pins, "hashes": hashes}
@@ -72,7 +74,9 @@ def installer(request, tmp_path_factory) -> Installer:
         assert uv, "uv comes with rocwheels' environment"
         return Installer("uv", python, (uv, "pip"))
     # From PyPI (this machine's pip settings pick the mirror), into that venv only.
-    run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check", request.param])
+    run(
+        [sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check", request.param]
+    )
     return Installer(request.param, python, (str(python), "-m", "pip"))
 
 
@@ -95,10 +99,16 @@ def tool_env(tmp_path_factory, platform_wheel) -> dict[str, str]:
     platform_wheel(pypi, "rocm_canary", {"rocm_canary/__init__.py": b"BUILD = 'elsewhere'\n"}, version="0.2.0+rocm6.2")
     (simple,) = build_static_index(pypi)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
-    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": simple.resolve().as_uri() + "/",
-            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1",
-            "UV_NO_CONFIG": "1", "UV_DEFAULT_INDEX": simple.resolve().as_uri() + "/",
-            "UV_CACHE_DIR": str(tmp_path_factory.mktemp("uv-cache"))}
+    return {
+        **env,
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": simple.resolve().as_uri() + "/",
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_NO_CACHE_DIR": "1",
+        "UV_NO_CONFIG": "1",
+        "UV_DEFAULT_INDEX": simple.resolve().as_uri() + "/",
+        "UV_CACHE_DIR": str(tmp_path_factory.mktemp("uv-cache")),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +132,13 @@ def test_readme_install(installer: Installer, server, form, wheelhouse, tool_env
         try:
             for line in commands:
                 run(installer.argv(line, index_url), env=tool_env, cwd=wheelhouse)
-            installed = run([installer.python, "-c", "import importlib.metadata as m, rocm_canary; "
-                             "print(m.version('rocm-canary'), rocm_canary.BUILD)"]).output.strip()
+            installed = run(
+                [
+                    installer.python,
+                    "-c",
+                    "import importlib.metadata as m, rocm_canary; print(m.version('rocm-canary'), rocm_canary.BUILD)",
+                ]
+            ).output.strip()
         finally:
             installer.uninstall(tool_env)
     assert installed == f"{VERSION} ours"
@@ -135,6 +150,21 @@ def test_pins_are_what_keeps_the_higher_version_out(tmp_path, wheelhouse, tool_e
     run([sys.executable, "-m", "venv", "--without-pip", tmp_path / "venv"])
     with static_server(wheelhouse) as url:
         report = tmp_path / "report.json"
-        run([sys.executable, "-m", "pip", "--python", python, "install", "--dry-run", "--report", report,
-             "--extra-index-url", f"{url}simple/rocm6.2/", "rocm-canary"], env=tool_env)
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                python,
+                "install",
+                "--dry-run",
+                "--report",
+                report,
+                "--extra-index-url",
+                f"{url}simple/rocm6.2/",
+                "rocm-canary",
+            ],
+            env=tool_env,
+        )
     assert '"version": "0.2.0+rocm6.2"' in report.read_text()

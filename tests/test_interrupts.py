@@ -37,7 +37,7 @@ class _Stalling(BaseHTTPRequestHandler):
     release: threading.Event
     body = b"x" * 200_000
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         if self.path == "/simple/":  # an empty index: every wheel is to be uploaded
             page = b"<html><body></body></html>"
             self.send_response(200)
@@ -56,7 +56,7 @@ class _Stalling(BaseHTTPRequestHandler):
         self.started.set()
         self.release.wait(30)
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.started.set()
         self.release.wait(30)
@@ -85,8 +85,14 @@ def start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subp
     """``python -m pipeline ARGS`` with TMPDIR and the cache under the test's folder."""
     full_env = {**os.environ, "TMPDIR": str(tmp / "tmp"), "ROCWHEELS_CACHE": str(tmp / "cache"), **(env or {})}
     (tmp / "tmp").mkdir(exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "pipeline", *args], env=full_env, cwd=tmp,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline", *args],
+        env=full_env,
+        cwd=tmp,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def stop_and_wait(process: subprocess.Popen, stop: signal.Signals) -> tuple[int, str]:
@@ -99,8 +105,12 @@ def leftovers(tmp: Path) -> list[str]:
     found = [p.name for p in (tmp / "tmp").iterdir()]
     for folder in (tmp / "wheelhouse", tmp / "cache", tmp / "out"):
         if folder.exists():
-            found += [str(p) for p in folder.rglob("*") if p.name.endswith(".partial")
-                      or (p.name.startswith(".simple-") and not (folder / "simple").resolve() == p)]
+            found += [
+                str(p)
+                for p in folder.rglob("*")
+                if p.name.endswith(".partial")
+                or (p.name.startswith(".simple-") and not (folder / "simple").resolve() == p)
+            ]
     return found
 
 
@@ -123,9 +133,14 @@ def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
             "from pipeline.errors import Interrupted\n"
             "try:\n    with interruptible():\n"
             f"        _download({url + 'file.tar.gz'!r}, '0' * 64, Path('r.toml'), 'f', logging.LoggerAdapter(logging.getLogger(), {{}}))\n"
-            "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n")
-        env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "ROCWHEELS_CACHE": str(tmp_path / "cache"),
-               "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+            "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n"
+        )
+        env = {
+            **os.environ,
+            "TMPDIR": str(tmp_path / "tmp"),
+            "ROCWHEELS_CACHE": str(tmp_path / "cache"),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        }
         (tmp_path / "tmp").mkdir()
         process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
         assert started.wait(30)
@@ -140,8 +155,11 @@ def test_upload_interrupted_then_published(tmp_path: Path, stop: signal.Signals)
     """A signal while twine's upload waits for the index: twine stops too, TMPDIR is clean, a rerun works."""
     _write_wheel(tmp_path / "wheelhouse", "alpha", "1.0+rocm9.9")
     with stalling_server() as (url, started):
-        process = start(["--wheelhouse", "wheelhouse", "publish", "--attempts", "1", "--repository", url],
-                        tmp_path, {"TWINE_USERNAME": "u", "TWINE_PASSWORD": "p"})
+        process = start(
+            ["--wheelhouse", "wheelhouse", "publish", "--attempts", "1", "--repository", url],
+            tmp_path,
+            {"TWINE_USERNAME": "u", "TWINE_PASSWORD": "p"},
+        )
         # the index pages answer 404 (nothing there), then twine POSTs and waits
         assert started.wait(60), process.communicate()[1] if process.poll() is not None else ""
         status, err = stop_and_wait(process, stop)
@@ -209,8 +227,10 @@ def test_verify_interrupted_in_the_smoke_test_then_verified(tmp_path: Path, stop
         process = start(verify, tmp_path, {**pip_env, "PIP_INDEX_URL": url + "file/"})
         if point == "venv":
             # pyvenv.cfg is written first; ensurepip then takes seconds
-            wait_for(lambda: process.poll() is not None or any(project.work.glob("rocwheels-smoke-*/venv/pyvenv.cfg")),
-                     "the smoke test's venv is being made")
+            wait_for(
+                lambda: process.poll() is not None or any(project.work.glob("rocwheels-smoke-*/venv/pyvenv.cfg")),
+                "the smoke test's venv is being made",
+            )
             assert not pip_asked.is_set()
         else:
             wait_for(lambda: process.poll() is not None or pip_asked.is_set(), "pip asks the index for beta")
@@ -238,7 +258,8 @@ def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:
         "from pipeline.errors import Interrupted\n"
         "try:\n    with interruptible():\n"
         f"        run(['sh', '-c', 'sleep 3; touch {marker}'], log_file=Path({str(tmp_path / 'log')!r}))\n"
-        "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n")
+        "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n"
+    )
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
@@ -256,11 +277,24 @@ def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     _write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
     (wheelhouse / ".alpha-1.0+rocm9.9-py3-none-any.whl.partial").write_bytes(b"half")
     (wheelhouse / ".simple-dead").mkdir()
-    result = run([sys.executable, "-m", "pipeline", "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none",
-                  "index", "build"], cwd=tmp_path)
+    result = run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--wheelhouse",
+            wheelhouse,
+            "--recipes-dir",
+            tmp_path / "none",
+            "index",
+            "build",
+        ],
+        cwd=tmp_path,
+    )
     assert "removed leftovers of an interrupted run" in result.output
-    assert sorted(p.name for p in wheelhouse.iterdir() if p.name.startswith(".") and p.name != ".rocwheels.lock") == \
-        [(wheelhouse / "simple").resolve().name]
+    assert sorted(p.name for p in wheelhouse.iterdir() if p.name.startswith(".") and p.name != ".rocwheels.lock") == [
+        (wheelhouse / "simple").resolve().name
+    ]
 
 
 REPAIR_POINTS = {
@@ -275,10 +309,14 @@ REPAIR_POINTS = {
 @pytest.mark.parametrize("point", list(REPAIR_POINTS))
 def test_repair_interrupted_then_repaired(tmp_path: Path, built: Built, stop: signal.Signals, point: str) -> None:
     """Signals while auditwheel works and while the result is written: TMPDIR and the output folder stay clean."""
-    raw = _platform_wheel(tmp_path / "raw", "recentpkg", {
-        f"recentpkg/_recent{EXT}": built.recent,
-        "recentpkg/data.bin": os.urandom(24 << 20),  # incompressible: writing takes a moment
-    })
+    raw = _platform_wheel(
+        tmp_path / "raw",
+        "recentpkg",
+        {
+            f"recentpkg/_recent{EXT}": built.recent,
+            "recentpkg/data.bin": os.urandom(24 << 20),  # incompressible: writing takes a moment
+        },
+    )
     args = ["--recipes-dir", "none", "repair", "-w", str(tmp_path / "out"), str(raw)]
     process = start(args, tmp_path)
     wait_for(lambda: process.poll() is not None or REPAIR_POINTS[point](tmp_path), point, timeout=120)
@@ -300,15 +338,33 @@ def test_repair_interrupted_then_repaired(tmp_path: Path, built: Built, stop: si
 
 
 @pytest.mark.hipcc
-def test_build_interrupted_while_compiling_then_built(tmp_path: Path, hipcc: str, canary_targets: tuple[str, ...]) -> None:
+def test_build_interrupted_while_compiling_then_built(
+    tmp_path: Path, hipcc: str, canary_targets: tuple[str, ...]
+) -> None:
     """SIGTERM (a CI cancel) while the canary compiles: the build tools stop, no wheel is left
     half-written, TMPDIR is clean, and the same command builds next time."""
-    args = ["--recipes-dir", str(REPO / "recipes"), "--wheelhouse", "wheelhouse", "--work-dir", "work",
-            "build", "--driver", "local", "--arch", canary_targets[0], "--recipes", "rocm-canary"]
+    args = [
+        "--recipes-dir",
+        str(REPO / "recipes"),
+        "--wheelhouse",
+        "wheelhouse",
+        "--work-dir",
+        "work",
+        "build",
+        "--driver",
+        "local",
+        "--arch",
+        canary_targets[0],
+        "--recipes",
+        "rocm-canary",
+    ]
     log = tmp_path / "wheelhouse" / "logs" / "rocm-canary.log"
     process = start(args, tmp_path, {"HIP_PLATFORM": "amd"})
-    wait_for(lambda: process.poll() is not None or (log.exists() and "-m build --wheel" in log.read_text()),
-             "the compile starts", timeout=300)
+    wait_for(
+        lambda: process.poll() is not None or (log.exists() and "-m build --wheel" in log.read_text()),
+        "the compile starts",
+        timeout=300,
+    )
     status, err = stop_and_wait(process, signal.SIGTERM)
     assert status == 143, err
     assert "Traceback" not in err and "interrupted by signal 15" in err

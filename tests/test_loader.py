@@ -20,10 +20,10 @@ import pytest
 from elf_builds import Elf, build
 from hip_wheels import EXT
 
-from pipeline.wheel.analyze import TargetLayout
-from pipeline.util.cmd import run
 from pipeline.repair.policy import LinkPackage
+from pipeline.util.cmd import run
 from pipeline.verify.verify import Expectations, verify_wheel
+from pipeline.wheel.analyze import TargetLayout
 
 
 @dataclass(frozen=True)
@@ -40,29 +40,72 @@ def ext(needs: str, **paths: str) -> Elf:
 
 CASES = {
     # The case: liba has no search path of its own and finds libb through _ext's DT_RPATH.
-    "rpath-inherited": Case((ext("pkg/liba.so", rpath="$ORIGIN"), Elf("pkg/liba.so", ("pkg/libb.so",)), Elf("pkg/libb.so")), True),
-    "runpath-not-inherited": Case((ext("pkg/liba.so", runpath="$ORIGIN"), Elf("pkg/liba.so", ("pkg/libb.so",)), Elf("pkg/libb.so")), False),
-    "rpath-two-levels-down": Case((ext("pkg/lib/liba.so", rpath="$ORIGIN/lib"), Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",)),
-                                   Elf("pkg/lib/libb.so", ("pkg/lib/libc0.so",)), Elf("pkg/lib/libc0.so")), True),
+    "rpath-inherited": Case(
+        (ext("pkg/liba.so", rpath="$ORIGIN"), Elf("pkg/liba.so", ("pkg/libb.so",)), Elf("pkg/libb.so")), True
+    ),
+    "runpath-not-inherited": Case(
+        (ext("pkg/liba.so", runpath="$ORIGIN"), Elf("pkg/liba.so", ("pkg/libb.so",)), Elf("pkg/libb.so")), False
+    ),
+    "rpath-two-levels-down": Case(
+        (
+            ext("pkg/lib/liba.so", rpath="$ORIGIN/lib"),
+            Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",)),
+            Elf("pkg/lib/libb.so", ("pkg/lib/libc0.so",)),
+            Elf("pkg/lib/libc0.so"),
+        ),
+        True,
+    ),
     # liba's own DT_RUNPATH switches the inherited DT_RPATH off for liba's dependencies.
-    "runpath-stops-inherited-rpath": Case((ext("pkg/lib/liba.so", rpath="$ORIGIN/lib"),
-                                           Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",), runpath="$ORIGIN/../other"),
-                                           Elf("pkg/lib/libb.so")), False),
-    "runpath-direct": Case((ext("pkg/lib/liba.so", runpath="$ORIGIN/lib"), Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",), runpath="$ORIGIN"),
-                            Elf("pkg/lib/libb.so")), True),
+    "runpath-stops-inherited-rpath": Case(
+        (
+            ext("pkg/lib/liba.so", rpath="$ORIGIN/lib"),
+            Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",), runpath="$ORIGIN/../other"),
+            Elf("pkg/lib/libb.so"),
+        ),
+        False,
+    ),
+    "runpath-direct": Case(
+        (
+            ext("pkg/lib/liba.so", runpath="$ORIGIN/lib"),
+            Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",), runpath="$ORIGIN"),
+            Elf("pkg/lib/libb.so"),
+        ),
+        True,
+    ),
     # auditwheel's layout: grafted copies with a hash in the name, next to each other in <pkg>.libs.
-    "grafted-libs": Case((ext("pkg.libs/libx-0a1b2c3d.so", rpath="$ORIGIN/../pkg.libs"),
-                          Elf("pkg.libs/libx-0a1b2c3d.so", ("pkg.libs/liby-4e5f6a7b.so",), rpath="$ORIGIN"),
-                          Elf("pkg.libs/liby-4e5f6a7b.so")), True),
+    "grafted-libs": Case(
+        (
+            ext("pkg.libs/libx-0a1b2c3d.so", rpath="$ORIGIN/../pkg.libs"),
+            Elf("pkg.libs/libx-0a1b2c3d.so", ("pkg.libs/liby-4e5f6a7b.so",), rpath="$ORIGIN"),
+            Elf("pkg.libs/liby-4e5f6a7b.so"),
+        ),
+        True,
+    ),
     "no-search-path": Case((ext("pkg/liba.so"), Elf("pkg/liba.so")), False),
-    "linked-package": Case((ext("torchlike/lib/libtorchlike.so", rpath="$ORIGIN/../torchlike/lib"),),
-                           True, (Elf("torchlike/lib/libtorchlike.so"),), ("torchlike/lib:libtorchlike*.so",)),
-    "linked-package-unreached": Case((ext("torchlike/lib/libtorchlike.so", rpath="$ORIGIN"),),
-                                     False, (Elf("torchlike/lib/libtorchlike.so"),), ("torchlike/lib:libtorchlike*.so",)),
+    "linked-package": Case(
+        (ext("torchlike/lib/libtorchlike.so", rpath="$ORIGIN/../torchlike/lib"),),
+        True,
+        (Elf("torchlike/lib/libtorchlike.so"),),
+        ("torchlike/lib:libtorchlike*.so",),
+    ),
+    "linked-package-unreached": Case(
+        (ext("torchlike/lib/libtorchlike.so", rpath="$ORIGIN"),),
+        False,
+        (Elf("torchlike/lib/libtorchlike.so"),),
+        ("torchlike/lib:libtorchlike*.so",),
+    ),
     # musl's loader inherits DT_RUNPATH too: the glibc case above fails, this one works.
-    "musl-runpath-inherited": Case((Elf("pkg/bin/tool", ("pkg/lib/liba.so",), runpath="$ORIGIN/../lib", musl=True, program=True),
-                                    Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",), musl=True), Elf("pkg/lib/libb.so", musl=True)), True),
-    "musl-no-search-path": Case((Elf("pkg/bin/tool", ("pkg/lib/liba.so",), musl=True, program=True), Elf("pkg/lib/liba.so", musl=True)), False),
+    "musl-runpath-inherited": Case(
+        (
+            Elf("pkg/bin/tool", ("pkg/lib/liba.so",), runpath="$ORIGIN/../lib", musl=True, program=True),
+            Elf("pkg/lib/liba.so", ("pkg/lib/libb.so",), musl=True),
+            Elf("pkg/lib/libb.so", musl=True),
+        ),
+        True,
+    ),
+    "musl-no-search-path": Case(
+        (Elf("pkg/bin/tool", ("pkg/lib/liba.so",), musl=True, program=True), Elf("pkg/lib/liba.so", musl=True)), False
+    ),
 }
 
 
@@ -114,7 +157,9 @@ def test_verdict_is_what_the_loader_does(name, tmp_path, platform_wheel, fresh_v
 
 def test_musl_libc_is_a_system_library(tmp_path, platform_wheel, musl_gcc):
     program = Elf("pkg/bin/tool", musl=True, program=True)
-    wheel = platform_wheel(tmp_path, "muslcase", build((program,), tmp_path / "build"), platform_tag="musllinux_1_2_x86_64")
+    wheel = platform_wheel(
+        tmp_path, "muslcase", build((program,), tmp_path / "build"), platform_tag="musllinux_1_2_x86_64"
+    )
     report = verify_wheel(wheel, Expectations(), smoke=False)
     assert not [f for f in report.errors() if f.check in ("unresolved", "tags")], report.findings
     result = subprocess.run([sys.executable, "-m", "pipeline", "inspect", wheel], capture_output=True, text=True)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import recipe_toml
 
-from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.config.lock import check_lock, load_lock, select_line
 from pipeline.config.recipes import load_recipes
+from pipeline.errors import ConfigError, RocwheelsError
 
 REPO = Path(__file__).resolve().parents[1]
 DIGEST = "@sha256:" + "0" * 64
@@ -64,15 +64,25 @@ def test_unverified_values_warn(recipes_dir):
 @pytest.mark.parametrize(
     ("old", "new", "field", "words"),
     [
-        ('rocm = "6.2.4"', 'rocm = "6.4.1"', 'lines.rocm6.2.versions.torch', "torch 2.5.1 requires rocm >=6.1,<6.3, but lines.rocm6.2.rocm = 6.4.1"),
-        ('torchvision = "0.20.1"', 'torchvision = "0.21.0"', "lines.rocm6.2.versions.torchvision", "0.21.0 is not described in"),
+        (
+            'rocm = "6.2.4"',
+            'rocm = "6.4.1"',
+            "lines.rocm6.2.versions.torch",
+            "torch 2.5.1 requires rocm >=6.1,<6.3, but lines.rocm6.2.rocm = 6.4.1",
+        ),
+        (
+            'torchvision = "0.20.1"',
+            'torchvision = "0.21.0"',
+            "lines.rocm6.2.versions.torchvision",
+            "0.21.0 is not described in",
+        ),
         (f'/rocm/dev{DIGEST}"', '/rocm/dev:6.2.4-complete"', "lines.rocm6.2.builder_image", "not pinned"),
         ('default_line = "rocm6.2"', 'default_line = "rocm9"', "default_line", "not a line"),
         ('targets = ["gfx90a", "gfx942"]', 'targets = ["gfx42"]', "lines.rocm6.2.targets", "gfx42"),
         ('python = ["3.11"]', 'python = ["311"]', "lines.rocm6.2.python", "3.11"),
         ('versions = "==0.20.*"', 'versions = "0.20"', "rules.1.versions", "not a version specifier"),
         ('torch = "2.5.1"\n', "", "lines.rocm6.2.versions.torchvision", "depends on torch"),
-        ('default_line', 'schema_version = 99\ndefault_line', "schema_version", "reads lock schema 1, not 99"),
+        ("default_line", "schema_version = 99\ndefault_line", "schema_version", "reads lock schema 1, not 99"),
     ],
 )
 def test_inconsistent_lock_names_both_sides(recipes_dir, old, new, field, words):
@@ -98,14 +108,22 @@ def test_rule_mismatch_between_packages(recipes_dir):
 def test_two_lines_pin_two_versions_of_one_recipe(recipes_dir):
     both = recipe_toml("torch", "2.5.1") + '[versions."2.6.0".source]\npath = "."\n'
     (recipes_dir / "torch.toml").write_text(both)
-    newer = LOCK.split("[[rules]]")[0].replace('"rocm6.2"', '"rocm6.3"').replace('rocm = "6.2.4"', 'rocm = "6.3.1"').replace('torch = "2.5.1"', 'torch = "2.6.0"')
+    newer = (
+        LOCK.split("[[rules]]")[0]
+        .replace('"rocm6.2"', '"rocm6.3"')
+        .replace('rocm = "6.2.4"', 'rocm = "6.3.1"')
+        .replace('torch = "2.5.1"', 'torch = "2.6.0"')
+    )
     rules = "[[rules]]" + "[[rules]]".join(LOCK.split("[[rules]]")[1:])
     rules += '\n[[rules]]\npackage = "torch"\nversions = "==2.6.*"\nrequires = { rocm = ">=6.3" }\nsource = "s"\n'
     rules = rules.replace('requires = { torch = "==2.5.*" }', 'requires = { torch = ">=2.5,<2.7" }')
     lock = LOCK.split("[[rules]]")[0] + newer.split("\n", 1)[1] + rules
     assert check(recipes_dir, lock.replace("SOURCE", "x")) == []
     lock_file = load_lock(recipes_dir)
-    assert {name: line.versions["torch"] for name, line in lock_file.lock.lines.items()} == {"rocm6.2": "2.5.1", "rocm6.3": "2.6.0"}
+    assert {name: line.versions["torch"] for name, line in lock_file.lock.lines.items()} == {
+        "rocm6.2": "2.5.1",
+        "rocm6.3": "2.6.0",
+    }
 
 
 def test_version_no_rule_covers(recipes_dir):
@@ -126,14 +144,20 @@ def test_select_line(recipes_dir):
 
 
 def test_shipped_lock_checks_clean():
-    result = subprocess.run([sys.executable, "-m", "pipeline", "lock", "check"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "lock", "check"], cwd=REPO, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert "consistent" in result.stdout
 
 
 def test_cli_refuses_inconsistent_lock(recipes_dir):
     (recipes_dir / "lock.toml").write_text(LOCK.replace("SOURCE", "x").replace('rocm = "6.2.4"', 'rocm = "6.4.1"'))
-    result = subprocess.run([sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "check"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "check"],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 2  # a wrong lock is bad input
     assert "Traceback" not in result.stderr
     assert "lines.rocm6.2.versions.torch" in result.stderr and "6.4.1" in result.stderr

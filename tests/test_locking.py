@@ -19,13 +19,35 @@ def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # The first run: a process holding the wheelhouse lock (as `rocwheels wheels` does while it builds).
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time\nfrom pathlib import Path\nfrom pipeline.util.runlock import wheelhouse_lock\n"
-         f"with wheelhouse_lock(Path({str(wheelhouse)!r})):\n    print('locked', flush=True)\n    sys.stdin.readline()\n"],
-        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom pathlib import Path\nfrom pipeline.util.runlock import wheelhouse_lock\n"
+            f"with wheelhouse_lock(Path({str(wheelhouse)!r})):\n    print('locked', flush=True)\n    sys.stdin.readline()\n",
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
-    second = subprocess.Popen([sys.executable, "-m", "pipeline", "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none",
-                               "index", "build"], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--wheelhouse",
+            wheelhouse,
+            "--recipes-dir",
+            tmp_path / "none",
+            "index",
+            "build",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     waiting = second.stderr.readline()
     assert "waiting for another rocwheels run using" in waiting and str(wheelhouse) in waiting
     time.sleep(0.5)
@@ -42,7 +64,17 @@ def test_two_index_builds_at_once_both_succeed(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     for number in range(20):
         _write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
-    argv = [sys.executable, "-m", "pipeline", "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "--wheelhouse",
+        wheelhouse,
+        "--recipes-dir",
+        tmp_path / "none",
+        "index",
+        "build",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs = [subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for run in runs:

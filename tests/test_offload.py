@@ -16,12 +16,14 @@ import pytest
 import zstandard
 from conftest import HIP_ENV, REPO, offload_args
 
-from pipeline.wheel.analyze import TargetLayout
-from pipeline.util.cmd import run
-from pipeline.wheel.elf import read_elf
 from pipeline.build.engine import Engine
-from pipeline.errors import RocwheelsError
 from pipeline.config.lock import load_lock
+from pipeline.config.targets import parse_targets
+from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
+from pipeline.verify.verify import ERROR, Expectations, verify_wheel
+from pipeline.wheel.analyze import TargetLayout
+from pipeline.wheel.elf import read_elf
 from pipeline.wheel.offload import (
     HEADER_LIMIT,
     PLAIN_MAGIC,
@@ -31,8 +33,6 @@ from pipeline.wheel.offload import (
     gpu_targets,
     parse_fatbin,
 )
-from pipeline.config.targets import parse_targets
-from pipeline.verify.verify import ERROR, Expectations, verify_wheel
 
 # The two newest Instinct processors; the lock's debian-sid line records that its clang takes them.
 SID_TARGETS = ("gfx942", "gfx950")
@@ -87,7 +87,7 @@ def fatbin(hip_library: Path) -> bytes:
 def plain(fatbin: bytes) -> bytes:
     """The one plain bundle hipcc wrote, without the section's trailing padding."""
     (bundle,) = parse_fatbin(fatbin)
-    return fatbin[bundle.offset:bundle.offset + bundle.size]
+    return fatbin[bundle.offset : bundle.offset + bundle.size]
 
 
 # --- real hipcc output -------------------------------------------------------------------------
@@ -104,7 +104,7 @@ def test_hipcc_library_holds_one_plain_bundle_for_the_probed_targets(fatbin, hip
     for entry in bundle.entries:
         if entry.processor:
             assert entry.triple_id == f"hipv4-amdgcn-amd-amdhsa--{entry.target_id}"
-            assert fatbin[entry.offset:entry.offset + 4] == b"\x7fELF"
+            assert fatbin[entry.offset : entry.offset + 4] == b"\x7fELF"
 
 
 @pytest.mark.hipcc
@@ -119,7 +119,7 @@ def test_two_translation_units_give_two_bundles_with_padding(hipcc, hip_kernel, 
 
     first, last = parse_fatbin(data)
     assert first.offset == 0 and last.offset > first.size
-    assert data[first.size:last.offset] == bytes(last.offset - first.size)
+    assert data[first.size : last.offset] == bytes(last.offset - first.size)
     assert gpu_targets([first]) == tuple(sorted(hip_targets))
     assert gpu_targets([last]) == hip_targets[:1]
 
@@ -136,12 +136,33 @@ def sid_compressed(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_p
     shutil.copy2(hip_kernel, work / "kernel.hip")
     (work / "second.hip").write_text(SECOND_KERNEL)
     first, rest = " ".join(offload_args(SID_TARGETS)), " ".join(offload_args(SID_TARGETS[:1]))
-    script = (f"hipcc -fPIC -shared --offload-compress {first} kernel.hip -o libone.so && "
-              f"hipcc -fPIC -c --offload-compress {first} kernel.hip -o a.o && "
-              f"hipcc -fPIC -c --offload-compress {rest} second.hip -o b.o && "
-              f"hipcc -shared --offload-compress {first} a.o b.o -o libtwo.so")
-    run(podman_engine.command("run", "--rm", "--network", "none", "--env", "HIP_PLATFORM=amd", "--volume", f"{work}:/work",
-                              "--workdir", "/work", sid_base, "bash", "-euo", "pipefail", "-c", script), env=podman_engine.env)
+    script = (
+        f"hipcc -fPIC -shared --offload-compress {first} kernel.hip -o libone.so && "
+        f"hipcc -fPIC -c --offload-compress {first} kernel.hip -o a.o && "
+        f"hipcc -fPIC -c --offload-compress {rest} second.hip -o b.o && "
+        f"hipcc -shared --offload-compress {first} a.o b.o -o libtwo.so"
+    )
+    run(
+        podman_engine.command(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--env",
+            "HIP_PLATFORM=amd",
+            "--volume",
+            f"{work}:/work",
+            "--workdir",
+            "/work",
+            sid_base,
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            script,
+        ),
+        env=podman_engine.env,
+    )
     return work / "libone.so", work / "libtwo.so"
 
 
@@ -259,7 +280,10 @@ def test_garbled_compressed_bundle(plain, damage):
 
 
 def test_an_entry_table_longer_than_the_first_read_is_read_whole():
-    entries = [(f"hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-:{index}", bytes([index % 256]) * 100) for index in range(1000)]
+    entries = [
+        (f"hipv4-amdgcn-amd-amdhsa--gfx942:sramecc+:xnack-:{index}", bytes([index % 256]) * 100)
+        for index in range(1000)
+    ]
     plain = plain_bundle(entries)
     expected = parse_fatbin(plain)[0].entries
     assert len(expected) == 1000 and expected[-1].triple_id.endswith(":999")
@@ -340,8 +364,12 @@ def test_bundle_entry_ids(triple_id, target_id, processor):
 
 
 def test_gpu_targets_are_distinct_processors_sorted():
-    ids = ["host-x86_64-unknown-linux-gnu", "hipv4-amdgcn-amd-amdhsa--gfx942:xnack+",
-           "hipv4-amdgcn-amd-amdhsa--gfx942:xnack-", "hipv4-amdgcn-amd-amdhsa--gfx90a"]
+    ids = [
+        "host-x86_64-unknown-linux-gnu",
+        "hipv4-amdgcn-amd-amdhsa--gfx942:xnack+",
+        "hipv4-amdgcn-amd-amdhsa--gfx942:xnack-",
+        "hipv4-amdgcn-amd-amdhsa--gfx90a",
+    ]
     bundles = [Bundle(0, 0, None, None, tuple(BundleEntry(i, 0, 0) for i in ids))]
     assert gpu_targets(bundles) == ("gfx90a", "gfx942")
 
@@ -362,8 +390,27 @@ def sid_generic(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path
     work = tmp_path_factory.mktemp("sid-generic")
     shutil.copy2(hip_kernel, work / "kernel.hip")
     script = f"hipcc -fPIC -shared {' '.join(offload_args(GENERIC_BUILD))} kernel.hip -o libgeneric.so"
-    run(podman_engine.command("run", "--rm", "--network", "none", "--env", "HIP_PLATFORM=amd", "--volume", f"{work}:/work",
-                              "--workdir", "/work", sid_base, "bash", "-euo", "pipefail", "-c", script), env=podman_engine.env)
+    run(
+        podman_engine.command(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--env",
+            "HIP_PLATFORM=amd",
+            "--volume",
+            f"{work}:/work",
+            "--workdir",
+            "/work",
+            sid_base,
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            script,
+        ),
+        env=podman_engine.env,
+    )
     return work / "libgeneric.so"
 
 
@@ -379,7 +426,9 @@ def test_generic_targets_and_target_ids_are_read_and_accepted(sid_generic, platf
     # verify: the generic code object serves gfx1100 and gfx1151; gfx1200 is missing.
     wheel = platform_wheel(tmp_path, "generic_demo", {"generic_demo/libgeneric.so": sid_generic})
     layout = TargetLayout(rocm_lib_dir="/usr/lib/x86_64-linux-gnu")
-    report = verify_wheel(wheel, Expectations(layout=layout, targets=("gfx1100", "gfx1151", "gfx942", "gfx90a")), smoke=False)
+    report = verify_wheel(
+        wheel, Expectations(layout=layout, targets=("gfx1100", "gfx1151", "gfx942", "gfx90a")), smoke=False
+    )
     assert not [f for f in report.findings if f.check == "gpu-targets"], report.findings
     report = verify_wheel(wheel, Expectations(layout=layout, targets=("gfx1200", "gfx942", "gfx90a")), smoke=False)
     (missing,) = [f for f in report.findings if f.check == "gpu-targets" and f.level == ERROR]

@@ -17,11 +17,11 @@ from urllib.request import Request, urlopen
 
 import pytest
 
-from pipeline.util.cmd import run
 from pipeline.build.engine import Engine
 from pipeline.build.image import image_id
 from pipeline.config.lock import load_lock
 from pipeline.config.pin import PIN_NOTE, ImageRef
+from pipeline.util.cmd import run
 
 # What podman pushes (OCI) and what Docker pushes; the registry answers with the stored one.
 MANIFEST_TYPES = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
@@ -68,8 +68,10 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     root = tmp_path_factory.mktemp("registry")
     port = _free_port()
     config = root / "config.yml"
-    config.write_text(f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root / 'storage'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    config.write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root / 'storage'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
     with (root / "registry.log").open("w") as sink:
         process = subprocess.Popen(["docker-registry", "serve", config], stdout=sink, stderr=subprocess.STDOUT)
     try:
@@ -99,8 +101,9 @@ def insecure_registries(registry: str, tmp_path_factory: pytest.TempPathFactory)
 
 
 @pytest.fixture(scope="module")
-def pushed(registry: str, insecure_registries: None, podman_engine: Engine,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pushed(
+    registry: str, insecure_registries: None, podman_engine: Engine, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A one-file image pushed to the registry by tag; the local copy stays (a pin must still
     find the digest the registry serves, not the one of the locally made manifest)."""
     root = tmp_path_factory.mktemp("image")
@@ -123,8 +126,9 @@ def registry_digest(image: str) -> str:
     """The manifest digest as the registry reports it (HTTP API v2, Docker-Content-Digest)."""
     ref = ImageRef.parse(image)
     path = ref.repository.split("/", 1)[1]
-    request = Request(f"http://{ref.registry}/v2/{path}/manifests/{ref.tag}", method="HEAD",
-                      headers={"Accept": MANIFEST_TYPES})
+    request = Request(
+        f"http://{ref.registry}/v2/{path}/manifests/{ref.tag}", method="HEAD", headers={"Accept": MANIFEST_TYPES}
+    )
     with urlopen(request, timeout=10) as response:
         return response.headers["Docker-Content-Digest"]
 
@@ -136,13 +140,20 @@ def lock_dir(tmp_path: Path, image: str) -> Path:
 
 def rocwheels(recipes_dir: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **({"PATH": path} if path is not None else {})}
-    return subprocess.run([sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "pin", *args],
-                          capture_output=True, text=True, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "pin", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
 
 
 def changed_lines(before: str, after: str) -> list[str]:
-    return [line for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
-            if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return [
+        line
+        for line in difflib.unified_diff(before.splitlines(), after.splitlines(), lineterm="", n=0)
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
 
 
 @pytest.mark.container
@@ -159,7 +170,9 @@ def test_pin_writes_the_digest_the_registry_serves_and_keeps_the_file(pushed: st
     image_line, source_line = [line for line in changed_lines(before, after) if line.startswith("+")]
     assert image_line == f'+builder_image = "{pushed}@{digest}"'
     assert source_line.startswith(f'+image_source = "{PIN_NOTE} on ')
-    assert source_line.endswith(f' from {ImageRef.parse(pushed).registry} (tag {pushed}); before pinning: tag named in the vendor\'s build script"')
+    assert source_line.endswith(
+        f" from {ImageRef.parse(pushed).registry} (tag {pushed}); before pinning: tag named in the vendor's build script\""
+    )
     assert len(changed_lines(before, after)) == 4, "only builder_image and image_source change"
     line = load_lock(recipes).line("reg.1")
     assert line.pinned and line.builder_image == f"{pushed}@{digest}"
@@ -183,9 +196,9 @@ def test_pin_writes_the_digest_the_registry_serves_and_keeps_the_file(pushed: st
     ],
     ids=["missing-image", "unreachable-registry"],
 )
-def test_a_failed_pull_names_the_fix_and_leaves_the_lock_alone(registry: str, insecure_registries: None,
-                                                               podman_engine: Engine, tmp_path: Path,
-                                                               image: str, message: str) -> None:
+def test_a_failed_pull_names_the_fix_and_leaves_the_lock_alone(
+    registry: str, insecure_registries: None, podman_engine: Engine, tmp_path: Path, image: str, message: str
+) -> None:
     values = {"registry": registry, "closed": str(_free_port())}
     recipes = lock_dir(tmp_path, image.format(**values))
     before = (recipes / "lock.toml").read_bytes()
@@ -222,7 +235,12 @@ def test_images_built_here_need_no_pin_and_no_engine(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "registry", "by_tag", "digest"),
     [
-        ("docker.io/rocm/dev-almalinux-8:6.2.4-complete", "docker.io", "docker.io/rocm/dev-almalinux-8:6.2.4-complete", None),
+        (
+            "docker.io/rocm/dev-almalinux-8:6.2.4-complete",
+            "docker.io",
+            "docker.io/rocm/dev-almalinux-8:6.2.4-complete",
+            None,
+        ),
         ("rocm/dev-ubuntu-22.04:7.2-complete", "docker.io", "rocm/dev-ubuntu-22.04:7.2-complete", None),
         ("127.0.0.1:5000/a/b:v1@sha256:" + "a" * 64, "127.0.0.1:5000", "127.0.0.1:5000/a/b:v1", "sha256:" + "a" * 64),
         ("quay.io/pypa/manylinux_2_28_x86_64", "quay.io", "quay.io/pypa/manylinux_2_28_x86_64", None),

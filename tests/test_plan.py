@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from conftest import recipe_toml
 
-from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.config.lock import load_lock
-from pipeline.plan import build_order, default_jobs, describe, jobs_for, make_plan
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.plan import build_order, default_jobs, describe, jobs_for, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,11 +46,16 @@ def make_dir(tmp_path: Path, recipes: dict[str, str]) -> Path:
 def plan_for(folder: Path, wanted, arch="gfx90a;gfx942"):
     lock = load_lock(folder)
     line = lock.line("l")
-    return make_plan(load_recipes(folder), wanted, recipes_dir=folder, line_name="l", line=line, targets=parse_targets(arch), jobs=3)
+    return make_plan(
+        load_recipes(folder), wanted, recipes_dir=folder, line_name="l", line=line, targets=parse_targets(arch), jobs=3
+    )
 
 
 def test_dependencies_come_first(tmp_path):
-    folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", ("torch",)), "vllm": recipe("vllm", ("torch", "vision"))})
+    folder = make_dir(
+        tmp_path,
+        {"torch": recipe("torch"), "vision": recipe("vision", ("torch",)), "vllm": recipe("vllm", ("torch", "vision"))},
+    )
     order = [r.name for r in build_order(load_recipes(folder), ["vllm"])]
     assert order == ["torch", "vision", "vllm"]
 
@@ -77,7 +82,11 @@ def test_environment_is_resolved(tmp_path):
 def test_a_lines_env_reaches_every_step_over_the_recipes(tmp_path):
     folder = make_dir(tmp_path, {"torch": recipe("torch"), "vision": recipe("vision", ("torch",))})
     lock = (folder / "lock.toml").read_text()
-    (folder / "lock.toml").write_text(lock.replace("[lines.l.versions]", '[lines.l.env]\nUSE_ROCM = "2"\nEXTRA = "--offload-compress"\n[lines.l.versions]'))
+    (folder / "lock.toml").write_text(
+        lock.replace(
+            "[lines.l.versions]", '[lines.l.env]\nUSE_ROCM = "2"\nEXTRA = "--offload-compress"\n[lines.l.versions]'
+        )
+    )
     for step in plan_for(folder, ["vision"]).steps:
         assert (step.env["USE_ROCM"], step.env["EXTRA"]) == ("2", "--offload-compress")
         assert step.env["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942", "the targets stay the recipe's"
@@ -108,7 +117,9 @@ def run_cli(*args):
 
 
 def test_plan_cli_runs_nothing(tmp_path):
-    result = run_cli("--work-dir", tmp_path / "work", "plan", "--arch", "gfx90a", "--rocm", "debian12", "--recipes", "rocm-canary")
+    result = run_cli(
+        "--work-dir", tmp_path / "work", "plan", "--arch", "gfx90a", "--rocm", "debian12", "--recipes", "rocm-canary"
+    )
     assert result.returncode == 0, result.stderr
     assert "ROCM_CANARY_OFFLOAD_FLAGS=--offload-arch=gfx90a" in result.stdout
     assert not (tmp_path / "work").exists()
@@ -125,19 +136,28 @@ def test_label_aliases_of_the_shipped_lock():
     from pipeline.config.layout import Layout
     from pipeline.plan import label_aliases
 
-    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {"rocm624": "rocm6.2", "rocm72": "rocm7.2", "rocm100": "rocm10.0"}
+    assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {
+        "rocm624": "rocm6.2",
+        "rocm72": "rocm7.2",
+        "rocm100": "rocm10.0",
+    }
 
 
 def test_fallback_takes_over_for_targets_the_recipe_lacks(tmp_path):
     fallback = recipe("fa", supported=("gfx942",)).replace(
-        "[smoke]", '[targets.fallback]\nsupported = ["gfx1100"]\nenv = { TRITON_BACKEND = "TRUE" }\ngpu_code = false\n[smoke]')
+        "[smoke]",
+        '[targets.fallback]\nsupported = ["gfx1100"]\nenv = { TRITON_BACKEND = "TRUE" }\ngpu_code = false\n[smoke]',
+    )
     folder = make_dir(tmp_path, {"fa": fallback})
     (plain,) = plan_for(folder, ["fa"], arch="gfx942").steps
     assert "TRITON_BACKEND" not in plain.env and plain.recipe.gpu_code and not plain.recipe.smoke.env
     (rdna,) = plan_for(folder, ["fa"], arch="gfx942;gfx1100").steps
     assert rdna.env["TRITON_BACKEND"] == "TRUE" and not rdna.recipe.gpu_code
     assert rdna.recipe.smoke.env == {"TRITON_BACKEND": "TRUE"}
-    assert all(snippet.startswith("import os; os.environ.update({'TRITON_BACKEND': 'TRUE'}); ") for snippet in rdna.recipe.smoke.snippets(gpu=False))
+    assert all(
+        snippet.startswith("import os; os.environ.update({'TRITON_BACKEND': 'TRUE'}); ")
+        for snippet in rdna.recipe.smoke.snippets(gpu=False)
+    )
     with pytest.raises(RocwheelsError, match="gfx90a not supported by recipe fa .* or its targets.fallback"):
         plan_for(folder, ["fa"], arch="gfx90a;gfx1100")
 
@@ -171,7 +191,9 @@ def test_expected_plan_of_every_line(line_name):
         expected.parent.mkdir(exist_ok=True)
         expected.write_text(result.stdout)
     assert expected.is_file(), f"no {expected}: run ROCWHEELS_UPDATE_PLANS=1 pytest {__file__}"
-    assert json.loads(result.stdout) == json.loads(expected.read_text()), f"the plan of {line_name} changed: review it, then regenerate {expected}"
+    assert json.loads(result.stdout) == json.loads(expected.read_text()), (
+        f"the plan of {line_name} changed: review it, then regenerate {expected}"
+    )
 
 
 @pytest.mark.parametrize(("cores", "memory_gb", "jobs"), [(2, 24, 2), (64, 128, 16), (96, 1024, 96), (8, 4, 1)])

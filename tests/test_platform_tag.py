@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from hip_wheels import EXT, PY_INCLUDE
 
-from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
+from pipeline.repair.repair import repair_wheel
+from pipeline.util.cmd import run
+from pipeline.verify.verify import Expectations, verify_wheel
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheel.platform_tag import check_platform_tag
-from pipeline.repair.repair import repair_wheel
-from pipeline.verify.verify import Expectations, verify_wheel
 
 EXTENSION = """#include <Python.h>
 int odd_fn(void);
@@ -31,8 +31,18 @@ def _extension(folder: Path, *, too_new: bool) -> Path:
     if too_new:
         (folder / "stub.c").write_text("int odd_fn(void) { return 1; }\n")
         (folder / "v.map").write_text("GLIBC_9.99 { global: odd_fn; local: *; };\n")
-        run(["gcc", "-shared", "-fPIC", folder / "stub.c", "-o", folder / "libm.so.6", "-Wl,-soname,libm.so.6",
-             f"-Wl,--version-script,{folder / 'v.map'}"])
+        run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                folder / "stub.c",
+                "-o",
+                folder / "libm.so.6",
+                "-Wl,-soname,libm.so.6",
+                f"-Wl,--version-script,{folder / 'v.map'}",
+            ]
+        )
         args += ["-DODD=odd_fn()", f"-L{folder}", "-l:libm.so.6"]
     else:
         args += ["-DODD=1"]
@@ -46,10 +56,16 @@ def wheels(tmp_path_factory, platform_wheel) -> dict[str, Path]:
     plain = _extension(root / "plain", too_new=False)
     odd = _extension(root / "odd", too_new=True)
     return {
-        "plain": platform_wheel(root / "dist", "plain", {f"plain/_ext{EXT}": plain}, version="1.0+rocm6.2",
-                                platform_tag="manylinux_2_17_x86_64"),
-        "odd": platform_wheel(root / "dist", "odd", {f"odd/_ext{EXT}": odd}, version="1.0+rocm6.2",
-                              platform_tag="manylinux_2_17_x86_64"),
+        "plain": platform_wheel(
+            root / "dist",
+            "plain",
+            {f"plain/_ext{EXT}": plain},
+            version="1.0+rocm6.2",
+            platform_tag="manylinux_2_17_x86_64",
+        ),
+        "odd": platform_wheel(
+            root / "dist", "odd", {f"odd/_ext{EXT}": odd}, version="1.0+rocm6.2", platform_tag="manylinux_2_17_x86_64"
+        ),
         "odd-raw": platform_wheel(root / "raw", "odd", {f"odd/_ext{EXT}": odd}, version="1.0+rocm6.2"),
     }
 
@@ -85,7 +101,9 @@ def test_glibc_version_beyond_the_tag_and_unknown_tags():
 def test_verify_flags_a_tag_the_contents_do_not_allow(wheels):
     errors = [f.message for f in verify_wheel(wheels["odd"], Expectations(), smoke=False).findings if f.check == "tags"]
     assert any("manylinux_2_17_x86_64" in e and "linux_x86_64" in e and "GLIBC_9.99" in e for e in errors), errors
-    plain = [f.message for f in verify_wheel(wheels["plain"], Expectations(), smoke=False).findings if f.check == "tags"]
+    plain = [
+        f.message for f in verify_wheel(wheels["plain"], Expectations(), smoke=False).findings if f.check == "tags"
+    ]
     assert plain == []
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO, canary_plan, recipe_toml
 
-from pipeline.wheel.analyze import analyze_wheel
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.plan import make_plan
-from pipeline.verify.provenance import check_record, fingerprints, record_path
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
+from pipeline.plan import make_plan
+from pipeline.verify.provenance import check_record, fingerprints, record_path
+from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
 
 LOCK = """default_line = "l"
@@ -34,8 +34,15 @@ other = "1.0"
 
 def _prints(folder: Path, arch: str = "gfx90a", driver: str = "local") -> dict[str, str]:
     line = load_lock(folder).line("l")
-    plan = make_plan(load_recipes(folder), ["base", "ext", "other"], recipes_dir=folder, line_name="l", line=line,
-                     targets=parse_targets(arch), driver=driver)
+    plan = make_plan(
+        load_recipes(folder),
+        ["base", "ext", "other"],
+        recipes_dir=folder,
+        line_name="l",
+        line=line,
+        targets=parse_targets(arch),
+        driver=driver,
+    )
     return {name: value[0] for name, value in fingerprints(plan, folder).items()}
 
 

@@ -20,9 +20,9 @@ from test_serve import _wait_for
 from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
 from pipeline.publish.index import file_sha256, write_requirements
-from pipeline.verify.provenance import check_record, record_path, write_record
-from pipeline.publish.upload import publish, resolve_repository
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.publish.upload import publish, resolve_repository
+from pipeline.verify.provenance import check_record, record_path, write_record
 
 USER = "builder"
 PASSWORD = "correct-horse-battery"  # the test checks that this never reaches a message or a log
@@ -53,8 +53,9 @@ def _publish_log(wheelhouse: Path) -> str:
 
 
 @pytest.mark.network
-def test_publish_uploads_once_then_skips_and_a_teammate_installs(tmp_path, index, login, make_wheel, fresh_venv,
-                                                                  pip_install, installed_build):
+def test_publish_uploads_once_then_skips_and_a_teammate_installs(
+    tmp_path, index, login, make_wheel, fresh_venv, pip_install, installed_build
+):
     wheelhouse = tmp_path / "wheelhouse"
     wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
     record = write_record(wheel, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})
@@ -68,8 +69,9 @@ def test_publish_uploads_once_then_skips_and_a_teammate_installs(tmp_path, index
     with urlopen(f"{index.url}packages/{wheel.name}.provenance.json", timeout=10) as served:
         assert served.read() == record.read_bytes()  # beside the wheel, as on the static index
     (tmp_path / "empty").mkdir()
-    pip_install(fresh_venv, "--index-url", (tmp_path / "empty").as_uri(), "--extra-index-url", index.simple_url,
-                "rocm-canary")
+    pip_install(
+        fresh_venv, "--index-url", (tmp_path / "empty").as_uri(), "--extra-index-url", index.simple_url, "rocm-canary"
+    )
     assert installed_build(fresh_venv, "rocm_canary") == "0.1.0+rocm9.9 ours"
 
 
@@ -107,8 +109,10 @@ def test_wrong_password_from_pypirc_is_a_clear_error_without_the_password(tmp_pa
     monkeypatch.delenv("TWINE_PASSWORD", raising=False)
     wrong = "not-the-password-42"
     pypirc = tmp_path / "pypirc"
-    pypirc.write_text(f"[distutils]\nindex-servers = team\n\n[team]\nrepository = {index.url}\n"
-                      f"username = {USER}\npassword = {wrong}\n")
+    pypirc.write_text(
+        f"[distutils]\nindex-servers = team\n\n[team]\nrepository = {index.url}\n"
+        f"username = {USER}\npassword = {wrong}\n"
+    )
     wheelhouse = tmp_path / "wheelhouse"
     make_wheel(wheelhouse, "auth-demo", "1.0+rocm9.9")
 
@@ -174,14 +178,14 @@ def test_one_layer_decides_retries_one_post_per_attempt(tmp_path, login, make_wh
     posts = []
 
     class Failing(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
+        def do_GET(self):
             page = b"<html><body></body></html>" if self.path == "/simple/" else b""
             self.send_response(200 if page else 404)
             self.send_header("Content-Length", str(len(page)))
             self.end_headers()
             self.wfile.write(page)
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             posts.append(self.rfile.read(int(self.headers["Content-Length"])))
             self.send_response(503)
             self.send_header("Content-Length", "0")
@@ -196,8 +200,12 @@ def test_one_layer_decides_retries_one_post_per_attempt(tmp_path, login, make_wh
     thread.start()
     try:
         with pytest.raises(RocwheelsError, match="gave up after 2 attempts"):
-            publish(tmp_path / "wheelhouse", f"http://127.0.0.1:{server.server_address[1]}/", attempts=2,
-                    backoff_seconds=0.05)
+            publish(
+                tmp_path / "wheelhouse",
+                f"http://127.0.0.1:{server.server_address[1]}/",
+                attempts=2,
+                backoff_seconds=0.05,
+            )
     finally:
         server.shutdown()
         server.server_close()
@@ -234,7 +242,9 @@ def test_repository_urls_and_masked_credentials():
     assert with_login.upload_url == "http://127.0.0.1:8080/legacy/"
     assert with_login.simple_url == "http://127.0.0.1:8080/simple/"
     assert "s3cret" in with_login.secrets and "s3cret" not in repr(with_login)
-    devpi = resolve_repository("http://127.0.0.1:3141/team/rocm/", simple_url="http://127.0.0.1:3141/team/rocm/+simple/")
+    devpi = resolve_repository(
+        "http://127.0.0.1:3141/team/rocm/", simple_url="http://127.0.0.1:3141/team/rocm/+simple/"
+    )
     assert devpi.simple_url.endswith("/+simple/")
 
 
@@ -251,8 +261,9 @@ def test_empty_wheelhouse_has_nothing_to_publish(tmp_path):
 
 
 @pytest.mark.network
-def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(tmp_path, htpasswd, login, make_wheel, fresh_venv,
-                                                                    pip_install):
+def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(
+    tmp_path, htpasswd, login, make_wheel, fresh_venv, pip_install
+):
     """pypiserver lists whatever bytes it holds (its #sha256 is computed from the file on its disk):
     the requirements file's sha256 from the wheelhouse catch a swapped file, and so does the
     provenance record published beside it."""
@@ -263,9 +274,12 @@ def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(tmp_path, h
     with running_pypiserver(tmp_path / "packages", htpasswd, log_file=tmp_path / "pypiserver.log") as server:
         publish(wheelhouse, server.url)
         make_wheel(tmp_path / "elsewhere", "rocm-canary", "0.1.0+rocm9.9", build="tampered").replace(
-            tmp_path / "packages" / wheel.name)
+            tmp_path / "packages" / wheel.name
+        )
         with pytest.raises(CommandError, match="DO NOT MATCH THE HASHES"):
-            pip_install(fresh_venv, "--index-url", server.simple_url, "--require-hashes", "--no-deps", "-r", requirements)
+            pip_install(
+                fresh_venv, "--index-url", server.simple_url, "--require-hashes", "--no-deps", "-r", requirements
+            )
         downloads = tmp_path / "downloads"
         downloads.mkdir()
         for name in (wheel.name, record_path(wheel).name):
@@ -284,10 +298,28 @@ def _plain_pypiserver(packages: Path, htpasswd: Path) -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     packages.mkdir(parents=True, exist_ok=True)
-    server = subprocess.Popen([sys.executable, "-m", "pypiserver", "run", "--host", "127.0.0.1", "--port", str(port),
-                               "--passwords", str(htpasswd), "--authenticate", "update", "--disable-fallback",
-                               "--hash-algo", "sha256", str(packages)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pypiserver",
+            "run",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--passwords",
+            str(htpasswd),
+            "--authenticate",
+            "update",
+            "--disable-fallback",
+            "--hash-algo",
+            "sha256",
+            str(packages),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}/"
     try:
         _wait_for(url + "health")
@@ -298,8 +330,9 @@ def _plain_pypiserver(packages: Path, htpasswd: Path) -> Iterator[str]:
 
 
 @pytest.mark.network
-def test_a_plain_pypiserver_gets_the_wheels_and_a_warning_that_records_are_missing(tmp_path, htpasswd, login, make_wheel,
-                                                                                  caplog):
+def test_a_plain_pypiserver_gets_the_wheels_and_a_warning_that_records_are_missing(
+    tmp_path, htpasswd, login, make_wheel, caplog
+):
     wheelhouse = tmp_path / "wheelhouse"
     wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
     record = write_record(wheel, "f" * 64, {"recipe": "rocm-canary"}, {"driver": "local"})

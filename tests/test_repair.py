@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Built, Repaired, extract_wheel, members
 
-from pipeline.util.cmd import run
-from pipeline.wheel.elf import read_elf
 from pipeline.errors import RocwheelsError
-from pipeline.repair.repair import RepairSettings, _retag, repair_wheel
 from pipeline.repair.policy import LinkPackage, load_policy
+from pipeline.repair.repair import RepairSettings, _retag, repair_wheel
+from pipeline.util.cmd import run
 from pipeline.wheel.archive import check_wheel
+from pipeline.wheel.elf import read_elf
 
 
 @pytest.mark.hipcc
@@ -59,11 +59,27 @@ def test_one_platform_tag_in_name_and_wheel_file(repaired: Repaired) -> None:
 
 
 @pytest.mark.hipcc
-def test_pip_installs_it_and_it_imports_without_ld_library_path(repaired: Repaired, built: Built, tmp_path: Path) -> None:
+def test_pip_installs_it_and_it_imports_without_ld_library_path(
+    repaired: Repaired, built: Built, tmp_path: Path
+) -> None:
     site = tmp_path / "site"
     # pip checks the tag against this interpreter and installs by RECORD; no index, no config.
-    run([sys.executable, "-m", "pip", "install", "--isolated", "--no-index", "--no-deps", "--disable-pip-version-check",
-         "--target", site, repaired.wheel], env={"PIP_CONFIG_FILE": os.devnull})
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--isolated",
+            "--no-index",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            site,
+            repaired.wheel,
+        ],
+        env={"PIP_CONFIG_FILE": os.devnull},
+    )
     (site / "fakepkg" / "lib").mkdir(parents=True)
     (site / "fakepkg" / "lib" / "libfakelink.so").write_bytes(built.fakelink.read_bytes())
     code = "import hipext._kernel as k, hipext.sub._linked as l; print(k.value(), l.value())"
@@ -88,7 +104,10 @@ def test_too_low_platform_fails_cleanly(built: Built, platform_wheel: Callable[.
 
 
 def test_unlocatable_library_names_library_and_file(
-    built: Built, ld_library_path: None, platform_wheel: Callable[..., Path], tmp_path: Path,
+    built: Built,
+    ld_library_path: None,
+    platform_wheel: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     raw = platform_wheel(tmp_path / "raw", "brokenpkg", {f"brokenpkg/_missing{EXT}": built.missing})
     wheelhouse = tmp_path / "wheelhouse"
@@ -102,7 +121,10 @@ def test_unlocatable_library_names_library_and_file(
 
 
 def test_unlocatable_indirect_library_names_the_chain(
-    built: Built, ld_library_path: None, platform_wheel: Callable[..., Path], tmp_path: Path,
+    built: Built,
+    ld_library_path: None,
+    platform_wheel: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     raw = platform_wheel(tmp_path / "raw", "brokenpkg", {f"brokenpkg/_indirect{EXT}": built.indirect})
     with pytest.raises(RocwheelsError) as failure:
@@ -114,10 +136,15 @@ def test_unlocatable_indirect_library_names_the_chain(
 
 
 def test_excluding_the_unlocatable_library_repairs(
-    built: Built, ld_library_path: None, platform_wheel: Callable[..., Path], tmp_path: Path,
+    built: Built,
+    ld_library_path: None,
+    platform_wheel: Callable[..., Path],
+    tmp_path: Path,
 ) -> None:
     raw = platform_wheel(tmp_path / "raw", "brokenpkg", {f"brokenpkg/_missing{EXT}": built.missing})
-    wheel = repair_wheel(raw, tmp_path / "wheelhouse", RepairSettings(excludes=("libgone.so*",), extra_rpath=("/opt/gone/lib",)))
+    wheel = repair_wheel(
+        raw, tmp_path / "wheelhouse", RepairSettings(excludes=("libgone.so*",), extra_rpath=("/opt/gone/lib",))
+    )
     site = extract_wheel(wheel, tmp_path / "site")
     # Only an excluded, non-ROCm library is needed: extra_rpath, and no rocm_lib_dir.
     assert read_elf(site / f"brokenpkg/_missing{EXT}").rpath == ("/opt/gone/lib",)
@@ -130,22 +157,28 @@ def _broken_wheel(kind: str, folder: Path, raw_zip: Callable[..., Path]) -> Path
         folder.mkdir(parents=True)
         path.write_bytes(b"PK\x03\x04 this is not a zip archive")
         return path
-    return raw_zip(path, {
-        "no dist-info": {"bad/__init__.py": b""},
-        "RECORD names another dist-info": {
-            "bad/__init__.py": b"",
-            "bad-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n",
-            "bad-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: bad\nVersion: 1.0\n",
-            "bad-1.0.dist-info/RECORD": b"bad/__init__.py,,\nbad-2.0.dist-info/WHEEL,,\nbad-2.0.dist-info/METADATA,,\n"
-                                        b"bad-1.0.dist-info/RECORD,,\n",
-        },
-        "member with ..": {"bad/../../escape.py": b"", "bad-1.0.dist-info/RECORD": b""},
-    }[kind])
+    return raw_zip(
+        path,
+        {
+            "no dist-info": {"bad/__init__.py": b""},
+            "RECORD names another dist-info": {
+                "bad/__init__.py": b"",
+                "bad-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n",
+                "bad-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: bad\nVersion: 1.0\n",
+                "bad-1.0.dist-info/RECORD": b"bad/__init__.py,,\nbad-2.0.dist-info/WHEEL,,\nbad-2.0.dist-info/METADATA,,\n"
+                b"bad-1.0.dist-info/RECORD,,\n",
+            },
+            "member with ..": {"bad/../../escape.py": b"", "bad-1.0.dist-info/RECORD": b""},
+        }[kind],
+    )
 
 
 @pytest.mark.parametrize("kind", ["corrupt zip", "no dist-info", "RECORD names another dist-info", "member with .."])
 def test_broken_wheels_fail_before_auditwheel(
-    kind: str, raw_zip: Callable[..., Path], tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    kind: str,
+    raw_zip: Callable[..., Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     raw = _broken_wheel(kind, tmp_path / "raw", raw_zip)
     wheelhouse = tmp_path / "wheelhouse"
@@ -157,8 +190,10 @@ def test_broken_wheels_fail_before_auditwheel(
 
 
 def test_wheel_file_tags_are_replaced_in_place() -> None:
-    text = ("Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: false\nTag: py2-none-linux_x86_64\n"
-            "Tag: py3-none-linux_x86_64\nTag: py3-none-manylinux_2_17_x86_64\nBuild: 1\n")
+    text = (
+        "Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: false\nTag: py2-none-linux_x86_64\n"
+        "Tag: py3-none-linux_x86_64\nTag: py3-none-manylinux_2_17_x86_64\nBuild: 1\n"
+    )
     assert _retag(text, "manylinux_2_28_x86_64") == (
         "Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: false\nTag: py2-none-manylinux_2_28_x86_64\n"
         "Tag: py3-none-manylinux_2_28_x86_64\nBuild: 1\n"
@@ -166,7 +201,9 @@ def test_wheel_file_tags_are_replaced_in_place() -> None:
 
 
 def test_link_package_entries() -> None:
-    assert LinkPackage.parse("torch/lib:libtorch*.so, libc10*.so") == LinkPackage("torch/lib", ("libtorch*.so", "libc10*.so"))
+    assert LinkPackage.parse("torch/lib:libtorch*.so, libc10*.so") == LinkPackage(
+        "torch/lib", ("libtorch*.so", "libc10*.so")
+    )
     assert LinkPackage.parse("torch/lib:libtorch*.so").provides("libtorch_hip.so")
     for bad in ("torch:torch/lib", "torch/lib", "/usr/lib:libx.so", "../x:libx.so", ":libx.so"):
         with pytest.raises(RocwheelsError, match="link_packages"):
@@ -180,18 +217,32 @@ def test_search_paths_must_be_absolute_single_folders(entry: str, tmp_path: Path
 
 
 def test_settings_come_from_recipe_and_line_and_reach_the_container_as_options() -> None:
-    settings = RepairSettings(excludes=("libx.so*",), rocm_lib_dir="/usr/lib", link_packages=(LINK,), plat="manylinux_2_28_x86_64")
+    settings = RepairSettings(
+        excludes=("libx.so*",), rocm_lib_dir="/usr/lib", link_packages=(LINK,), plat="manylinux_2_28_x86_64"
+    )
     settings = settings.extended(excludes=("liby.so*",), requires_pins=("torch==2.14.1+rocm7.2",))
     assert settings.excludes == ("libx.so*", "liby.so*") and settings.links == (LinkPackage.parse(LINK),)
     assert settings.cli_options() == [
-        "--rocm-lib-dir", "/usr/lib", "--plat", "manylinux_2_28_x86_64", "--exclude", "libx.so*", "--exclude", "liby.so*",
-        "--link-package", LINK, "--requires-pin", "torch==2.14.1+rocm7.2",
+        "--rocm-lib-dir",
+        "/usr/lib",
+        "--plat",
+        "manylinux_2_28_x86_64",
+        "--exclude",
+        "libx.so*",
+        "--exclude",
+        "liby.so*",
+        "--link-package",
+        LINK,
+        "--requires-pin",
+        "torch==2.14.1+rocm7.2",
     ]
     assert settings.policy().is_excluded("liby.so.1") and settings.policy().is_excluded("libfakelink.so")
 
 
 @pytest.mark.hipcc
-def test_a_repaired_wheel_repairs_to_a_copy_of_itself(repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_repaired_wheel_repairs_to_a_copy_of_itself(
+    repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR)
     # First with an empty cache: auditwheel's verdict and the RPATH rules find nothing to change.
     monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
@@ -202,14 +253,21 @@ def test_a_repaired_wheel_repairs_to_a_copy_of_itself(repaired: Repaired, monkey
     assert "copied" in (tmp_path / "noted.log").read_text()
     assert judged.read_bytes() == noted.read_bytes() == repaired.wheel.read_bytes()
     # Other settings are another question: judged again.
-    other = repair_wheel(repaired.wheel, tmp_path / "other", settings.extended(extra_rpath=("/opt/x/lib",)), log_file=tmp_path / "other.log")
+    other = repair_wheel(
+        repaired.wheel,
+        tmp_path / "other",
+        settings.extended(extra_rpath=("/opt/x/lib",)),
+        log_file=tmp_path / "other.log",
+    )
     assert "auditwheel verdict" in (tmp_path / "other.log").read_text()
     check_wheel(other, verify_hashes=True)
 
 
 @pytest.mark.hipcc
 def test_the_wheel_repair_wrote_is_copied_unless_changed_in_place(
-    repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    repaired: Repaired,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR)
     monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
@@ -236,7 +294,9 @@ def test_the_wheel_repair_wrote_is_copied_unless_changed_in_place(
 
 
 def test_a_result_written_on_another_file_system_is_copied_into_the_wheelhouse(
-    repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    repaired: Repaired,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     # The repaired wheel is written aside in the temporary folder and renamed into the wheelhouse,
     # which another file system refuses: then it is copied.
@@ -245,7 +305,9 @@ def test_a_result_written_on_another_file_system_is_copied_into_the_wheelhouse(
         pytest.skip("no second file system (a tmpfs at /dev/shm) here")
     monkeypatch.setattr(tempfile, "tempdir", str(shm))
     monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))
-    elsewhere = "/opt/rocm-elsewhere/lib"  # new RPATHs, the same tag and nothing to graft: the wheel set aside is the result
+    elsewhere = (
+        "/opt/rocm-elsewhere/lib"  # new RPATHs, the same tag and nothing to graft: the wheel set aside is the result
+    )
     settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=elsewhere)
     result = repair_wheel(repaired.wheel, tmp_path / "wheelhouse", settings)
     assert result.name == repaired.wheel.name
@@ -258,8 +320,10 @@ def test_a_result_written_on_another_file_system_is_copied_into_the_wheelhouse(
 def test_a_script_without_a_main_guard_gets_the_fix(repaired: Repaired, tmp_path: Path) -> None:
     # The analysis process starts with multiprocessing's spawn, which runs the calling script again.
     script = tmp_path / "unguarded.py"
-    script.write_text("from pathlib import Path\nfrom pipeline.repair.repair import repair_wheel\n"
-                      f"repair_wheel(Path({str(repaired.raw)!r}), Path({str(tmp_path / 'out')!r}))\n")
+    script.write_text(
+        "from pathlib import Path\nfrom pipeline.repair.repair import repair_wheel\n"
+        f"repair_wheel(Path({str(repaired.raw)!r}), Path({str(tmp_path / 'out')!r}))\n"
+    )
     env = {**os.environ, "ROCWHEELS_CACHE": str(tmp_path / "cache"), "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()
     result = run([sys.executable, str(script)], env=env, check=False, quiet=True)
@@ -270,7 +334,9 @@ def test_a_script_without_a_main_guard_gets_the_fix(repaired: Repaired, tmp_path
 
 
 def test_a_changed_copy_of_a_repaired_wheel_is_judged_not_copied(
-    repaired: Repaired, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    repaired: Repaired,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     settings = RepairSettings(link_packages=(LINK,), rocm_lib_dir=ROCM_LIB_DIR)
     monkeypatch.setenv("ROCWHEELS_CACHE", str(tmp_path / "cache"))

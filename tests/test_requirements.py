@@ -26,8 +26,13 @@ def test_unpinned_requirement_gets_the_exact_build_and_the_rest_stays():
     pinned = pin_requirements(FLASH_ATTN, ["torch==2.14.1+rocm7.2"])
     header, body = pinned.split("\n\n", 1)
     assert header.splitlines() == [
-        "Metadata-Version: 2.1", "Name: flash_attn", "Version: 2.8.3.post2+rocm7.2", "Requires-Python: >=3.9",
-        "Requires-Dist: torch==2.14.1+rocm7.2", "Requires-Dist: einops", 'Requires-Dist: Torch==2.14.1+rocm7.2; extra == "dev"',
+        "Metadata-Version: 2.1",
+        "Name: flash_attn",
+        "Version: 2.8.3.post2+rocm7.2",
+        "Requires-Python: >=3.9",
+        "Requires-Dist: torch==2.14.1+rocm7.2",
+        "Requires-Dist: einops",
+        'Requires-Dist: Torch==2.14.1+rocm7.2; extra == "dev"',
     ]
     assert body == FLASH_ATTN.split("\n\n", 1)[1]
     assert exact_requirements(pinned) == {"torch": "2.14.1+rocm7.2"}
@@ -36,14 +41,23 @@ def test_unpinned_requirement_gets_the_exact_build_and_the_rest_stays():
 def test_a_range_is_replaced_by_the_pin():
     metadata = "Name: torchvision\nVersion: 0.29.1+rocm7.2\nRequires-Dist: numpy\nRequires-Dist: torch (==2.14.1)\n"
     pinned = pin_requirements(metadata, ["torch==2.14.1+rocm7.2"])
-    assert pinned == "Name: torchvision\nVersion: 0.29.1+rocm7.2\nRequires-Dist: numpy\nRequires-Dist: torch==2.14.1+rocm7.2\n"
+    assert (
+        pinned
+        == "Name: torchvision\nVersion: 0.29.1+rocm7.2\nRequires-Dist: numpy\nRequires-Dist: torch==2.14.1+rocm7.2\n"
+    )
 
 
 def test_a_linked_package_the_metadata_omits_is_added_after_the_other_requirements():
     metadata = "Name: vllm\nVersion: 0.34.0+rocm72\nRequires-Dist: numpy\nSummary: x\n"
     pinned = pin_requirements(metadata, ["torch==2.14.1+rocm7.2", "triton==3.8.0+rocm7.2"])
-    assert pinned.splitlines() == ["Name: vllm", "Version: 0.34.0+rocm72", "Requires-Dist: numpy",
-                                   "Requires-Dist: torch==2.14.1+rocm7.2", "Requires-Dist: triton==3.8.0+rocm7.2", "Summary: x"]
+    assert pinned.splitlines() == [
+        "Name: vllm",
+        "Version: 0.34.0+rocm72",
+        "Requires-Dist: numpy",
+        "Requires-Dist: torch==2.14.1+rocm7.2",
+        "Requires-Dist: triton==3.8.0+rocm7.2",
+        "Summary: x",
+    ]
 
 
 def test_a_conditional_requirement_alone_does_not_count_as_the_pin():

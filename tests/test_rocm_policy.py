@@ -6,16 +6,29 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.wheel.elf import read_elf
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import load_policy, rocm_patterns
+from pipeline.wheel.elf import read_elf
 
 
 @pytest.mark.parametrize(
     "soname",
-    ["libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.6.4.43484", "libamdhip64.so.5", "librocblas.so.4", "libMIOpen.so.1", "libamdhip64.so",
-     "libhsa-runtime64.so.1", "libhipblaslt.so.0", "librccl.so.1", "libroctx64.so.4",
-     "librocm_sysdeps_numa.so.1", "libmigraphx_gpu.so.2", "librocprofiler-register.so.0"],
+    [
+        "libamdhip64.so.7",
+        "libamdhip64.so.6",
+        "libamdhip64.so.6.4.43484",
+        "libamdhip64.so.5",
+        "librocblas.so.4",
+        "libMIOpen.so.1",
+        "libamdhip64.so",
+        "libhsa-runtime64.so.1",
+        "libhipblaslt.so.0",
+        "librccl.so.1",
+        "libroctx64.so.4",
+        "librocm_sysdeps_numa.so.1",
+        "libmigraphx_gpu.so.2",
+        "librocprofiler-register.so.0",
+    ],
 )
 def test_rocm_libraries_match_in_every_so_version(soname: str) -> None:
     assert load_policy().is_rocm(soname)
@@ -23,8 +36,19 @@ def test_rocm_libraries_match_in_every_so_version(soname: str) -> None:
 
 @pytest.mark.parametrize(
     "soname",
-    ["libgomp.so.1", "libz.so.1", "libstdc++.so.6", "libc.so.6", "libnuma.so.1", "libdrm.so.2",
-     "libelf.so.1", "libLLVM-15.so.1", "libpython3.11.so.1.0", "libtorch.so", "libc10.so"],
+    [
+        "libgomp.so.1",
+        "libz.so.1",
+        "libstdc++.so.6",
+        "libc.so.6",
+        "libnuma.so.1",
+        "libdrm.so.2",
+        "libelf.so.1",
+        "libLLVM-15.so.1",
+        "libpython3.11.so.1.0",
+        "libtorch.so",
+        "libc10.so",
+    ],
 )
 def test_foreign_libraries_are_not_rocm(soname: str) -> None:
     assert not load_policy().is_rocm(soname)

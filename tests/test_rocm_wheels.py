@@ -15,30 +15,35 @@ from conftest import REPO
 from rich.console import Console
 from rocm_standin import VERSION, build_standin_wheels, hip_runtime_soname
 
-from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
-from pipeline.util.cmd import run
-from pipeline.errors import ConfigError
-from pipeline.doctor import installed_torch_check
-from pipeline.publish.index import write_constraints
-from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
 from pipeline.build.container import container_driver
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.plan import make_plan
-from pipeline.publish.upload import publish
 from pipeline.config.recipes import load_recipes
-from pipeline.repair.policy import LinkPackage
 from pipeline.config.rocm_wheels import LIBRARY_FOLDERS, constraint_pins, mirror, package_links
-from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.config.targets import parse_targets
+from pipeline.doctor import installed_torch_check
+from pipeline.errors import ConfigError
+from pipeline.plan import make_plan
+from pipeline.publish.index import write_constraints
+from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.publish.upload import publish
+from pipeline.repair.policy import LinkPackage
+from pipeline.util.cmd import run
+from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
+from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
 from pipeline.wheels import make_wheels
 
 LINE = "standin10.0"
 REQUIRES = f"rocm[libraries]=={VERSION}"
 
 
-def wheels_lock(index_url: str, targets: tuple[str, ...], *, builder_image: str = "localhost/rocwheels-test-base:bookworm",
-                rocm_path: str = "") -> str:
+def wheels_lock(
+    index_url: str,
+    targets: tuple[str, ...],
+    *,
+    builder_image: str = "localhost/rocwheels-test-base:bookworm",
+    rocm_path: str = "",
+) -> str:
     """A lock with one test-only `wheels` line whose ROCm is the stand-in packages at ``index_url``,
     built on a debootstrapped Debian 12 (its Python 3.11 and hipcc, wrapped by the stand-in devel package)."""
     return f"""default_line = "{LINE}"
@@ -64,7 +69,9 @@ rocm-canary = "0.1.0"
 def write_recipes(dest: Path, lock_text: str) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "recipes" / "rocm-canary.toml", dest)
-    shutil.copytree(REPO / "recipes" / "rocm-canary", dest / "rocm-canary", ignore=shutil.ignore_patterns("build", "*.egg-info"))
+    shutil.copytree(
+        REPO / "recipes" / "rocm-canary", dest / "rocm-canary", ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
     (dest / "lock.toml").write_text(lock_text)
     return dest
 
@@ -72,24 +79,39 @@ def write_recipes(dest: Path, lock_text: str) -> Path:
 # --- the lock model ---
 
 
-@pytest.mark.parametrize(("change", "field", "words"), [
-    (('rocm_provider = "wheels"', 'rocm_provider = "system"'), "rocm_provider", 'rocm_provider = "wheels"'),
-    ((f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries]"]'), "rocm_wheels.requires", "has no version"),
-    ((f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries"]'), "rocm_wheels.requires", "not a pip requirement"),
-    (('index_url = "https://rocm.example/simple/"', 'index_url = "rocm.example"'), "rocm_wheels.index_url", "not an index URL"),
-    (('rocm_path = ""', 'rocm_path = ""\nrocm_lib_dir = "/opt/rocm/lib"'), "rocm_lib_dir", "remove rocm_lib_dir"),
-])
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        (('rocm_provider = "wheels"', 'rocm_provider = "system"'), "rocm_provider", 'rocm_provider = "wheels"'),
+        ((f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries]"]'), "rocm_wheels.requires", "has no version"),
+        (
+            (f'requires = ["{REQUIRES}"]', 'requires = ["rocm[libraries"]'),
+            "rocm_wheels.requires",
+            "not a pip requirement",
+        ),
+        (
+            ('index_url = "https://rocm.example/simple/"', 'index_url = "rocm.example"'),
+            "rocm_wheels.index_url",
+            "not an index URL",
+        ),
+        (('rocm_path = ""', 'rocm_path = ""\nrocm_lib_dir = "/opt/rocm/lib"'), "rocm_lib_dir", "remove rocm_lib_dir"),
+    ],
+)
 def test_a_wrong_wheels_line_names_file_field_and_fix(tmp_path, change, field, words):
     lock = wheels_lock("https://rocm.example/simple/", ("gfx90a",)).replace(*change)
     with pytest.raises(ConfigError) as raised:
         load_lock(write_recipes(tmp_path, lock))
     message = str(raised.value)
-    assert "lock.toml" in message and f'lines.{LINE}.{field}'.replace(f"{LINE}.", f"{LINE}.") in message and words in message
+    assert (
+        "lock.toml" in message
+        and f"lines.{LINE}.{field}".replace(f"{LINE}.", f"{LINE}.") in message
+        and words in message
+    )
 
 
 def test_a_wheels_line_without_its_packages_is_refused(tmp_path):
     lock = wheels_lock("https://rocm.example/simple/", ("gfx90a",))
-    lock = lock[:lock.index(f'[lines."{LINE}".rocm_wheels]')] + f'[lines."{LINE}".versions]\nrocm-canary = "0.1.0"\n'
+    lock = lock[: lock.index(f'[lines."{LINE}".rocm_wheels]')] + f'[lines."{LINE}".versions]\nrocm-canary = "0.1.0"\n'
     with pytest.raises(ConfigError, match="rocm_wheels table"):
         load_lock(write_recipes(tmp_path, lock))
 
@@ -113,14 +135,21 @@ def rocm_index(tmp_path_factory, standin):
 
 
 @pytest.mark.hipcc
-def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(tmp_path, standin, rocm_index, hip_targets,
-                                                                             fresh_venv, pip_install, monkeypatch):
+def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(
+    tmp_path, standin, rocm_index, hip_targets, fresh_venv, pip_install, monkeypatch
+):
     targets = hip_targets[:1]
     recipes = write_recipes(tmp_path / "recipes", wheels_lock(rocm_index.simple_url, targets))
     layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
     lock = load_lock(recipes)
-    plan = make_plan(load_recipes(recipes), ["rocm-canary"], recipes_dir=recipes, line_name=LINE, line=lock.line(LINE),
-                     targets=parse_targets(";".join(targets)))
+    plan = make_plan(
+        load_recipes(recipes),
+        ["rocm-canary"],
+        recipes_dir=recipes,
+        line_name=LINE,
+        line=lock.line(LINE),
+        targets=parse_targets(";".join(targets)),
+    )
 
     # build (against the packages, through rocm-sdk path) -> repair -> verify (installs and loads) -> wheelhouse
     (outcome,) = make_wheels(plan, layout)
@@ -135,7 +164,9 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(tmp_
     with zipfile.ZipFile(wheel) as archive:
         metadata = archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     assert f"Requires-Dist: {REQUIRES}" in metadata.splitlines()
-    (extension,) = analyze_wheel(wheel, TargetLayout(rocm_lib_dir=None, link_packages=tuple(map(LinkPackage.parse, package_links())))).members
+    (extension,) = analyze_wheel(
+        wheel, TargetLayout(rocm_lib_dir=None, link_packages=tuple(map(LinkPackage.parse, package_links())))
+    ).members
     assert extension.search_path == tuple(f"$ORIGIN/../{folder}" for folder in LIBRARY_FOLDERS)
     (hip,) = [d for d in extension.dependencies if d.soname == standin.hip_soname]
     assert (hip.kind, hip.location) == (Kind.ROCM, "_rocm_sdk_core/lib")
@@ -150,8 +181,14 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(tmp_
         monkeypatch.setenv("TWINE_USERNAME", "team")
         monkeypatch.setenv("TWINE_PASSWORD", "secret")
         publish(layout.wheelhouse, team.url, attempts=1)
-        pip_install(fresh_venv, "--index-url", team.simple_url, "--extra-index-url", rocm_index.simple_url,
-                    f"rocm-canary=={outcome.wheels[0].name.split('-')[1]}")
+        pip_install(
+            fresh_venv,
+            "--index-url",
+            team.simple_url,
+            "--extra-index-url",
+            rocm_index.simple_url,
+            f"rocm-canary=={outcome.wheels[0].name.split('-')[1]}",
+        )
     maps = _run_in(fresh_venv, "import rocm_canary; print(open('/proc/self/maps').read())")
     hip_paths = {line.split()[-1] for line in maps.splitlines() if standin.hip_soname in line}
     site = _run_in(fresh_venv, "import sysconfig; print(sysconfig.get_paths()['platlib'])").strip()
@@ -163,7 +200,9 @@ def _run_in(python: Path, code: str) -> str:
     return run([python, "-c", code]).output
 
 
-def test_mirror_copies_the_rocm_wheels_so_teammates_need_only_the_private_index(tmp_path, standin, rocm_index, fresh_venv, pip_install):
+def test_mirror_copies_the_rocm_wheels_so_teammates_need_only_the_private_index(
+    tmp_path, standin, rocm_index, fresh_venv, pip_install
+):
     line = load_lock(write_recipes(tmp_path / "recipes", wheels_lock(rocm_index.simple_url, ("gfx90a",)))).line(LINE)
     mirrored = mirror(LINE, line, tmp_path / "packages")
     assert sorted(w.name.split("-")[0] for w in mirrored) == ["rocm", "rocm_sdk_core", "rocm_sdk_libraries"]
@@ -180,10 +219,15 @@ def test_mirror_copies_the_rocm_wheels_so_teammates_need_only_the_private_index(
 def test_constraints_of_a_wheels_line_pin_its_rocm_packages(tmp_path, platform_wheel):
     wheelhouse = tmp_path / "wheelhouse"
     platform_wheel(wheelhouse, "rocm_canary", {"rocm_canary/__init__.py": b""}, version="0.1.0+rocm10.0")
-    line = load_lock(write_recipes(tmp_path / "recipes", wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
+    line = load_lock(
+        write_recipes(tmp_path / "recipes", wheels_lock("https://rocm.example/simple/", ("gfx90a",)))
+    ).line(LINE)
     (constraints,) = write_constraints(wheelhouse, rocm_pins={line.local_version: constraint_pins(line)})
     assert constraints.read_text().splitlines()[1:] == [
-        "rocm-canary==0.1.0+rocm10.0", "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", f"rocm=={VERSION}"]
+        "rocm-canary==0.1.0+rocm10.0",
+        "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror",
+        f"rocm=={VERSION}",
+    ]
 
 
 @pytest.mark.parametrize("provider", ["wheels", "system"])
@@ -232,16 +276,28 @@ def _base(engine, image: str, packages: str | None = None) -> str:
 @pytest.mark.container
 @pytest.mark.hipcc
 def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_container_without_rocm(
-        tmp_path, podman_engine, standin, rocm_index, hip_targets, monkeypatch):
-    builder_base = _base(podman_engine, BOOKWORM_BASE)  # Debian 12 with hipcc: the builder's own system ROCm is never linked
+    tmp_path, podman_engine, standin, rocm_index, hip_targets, monkeypatch
+):
+    builder_base = _base(
+        podman_engine, BOOKWORM_BASE
+    )  # Debian 12 with hipcc: the builder's own system ROCm is never linked
     python_only = _base(podman_engine, PYTHON_ONLY_BASE, "python3,python3-venv")
     targets = hip_targets[:1]
     monkeypatch.setenv("ROCWHEELS_CCACHE_DIR", str(tmp_path / "ccache"))
-    recipes = write_recipes(tmp_path / "recipes", wheels_lock(rocm_index.simple_url, targets, builder_image=builder_base,
-                                                              rocm_path="/opt/rocm-sdk/root"))
+    recipes = write_recipes(
+        tmp_path / "recipes",
+        wheels_lock(rocm_index.simple_url, targets, builder_image=builder_base, rocm_path="/opt/rocm-sdk/root"),
+    )
     layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
-    plan = make_plan(load_recipes(recipes), ["rocm-canary"], recipes_dir=recipes, line_name=LINE, line=load_lock(recipes).line(LINE),
-                     targets=parse_targets(";".join(targets)), driver="container")
+    plan = make_plan(
+        load_recipes(recipes),
+        ["rocm-canary"],
+        recipes_dir=recipes,
+        line_name=LINE,
+        line=load_lock(recipes).line(LINE),
+        targets=parse_targets(";".join(targets)),
+        driver="container",
+    )
     (outcome,) = make_wheels(plan, layout, container_driver(plan, layout, engine=podman_engine))
     log = layout.log_file("rocm-canary").read_text()
     assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
@@ -259,9 +315,14 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
             f"maps = [l.split()[-1] for l in open('/proc/self/maps') if '{standin.hip_soname}' in l]; print('maps', sorted(set(maps))); "
             "print('devices', rocm_canary.device_count())"
         )
-        script = (f"python3 -m venv /venv && /venv/bin/pip install -q --disable-pip-version-check --index-url {team.simple_url} "
-                  f"--extra-index-url {rocm_index.simple_url} rocm-canary=={wheel.name.split('-')[1]} && cd / && /venv/bin/python -c \"{check}\"")
-        output = run(podman_engine.command("run", "--rm", "--network=host", python_only, "sh", "-c", script), env=podman_engine.env).output
+        script = (
+            f"python3 -m venv /venv && /venv/bin/pip install -q --disable-pip-version-check --index-url {team.simple_url} "
+            f'--extra-index-url {rocm_index.simple_url} rocm-canary=={wheel.name.split("-")[1]} && cd / && /venv/bin/python -c "{check}"'
+        )
+        output = run(
+            podman_engine.command("run", "--rm", "--network=host", python_only, "sh", "-c", script),
+            env=podman_engine.env,
+        ).output
     assert f"maps ['/venv/lib/python3.11/site-packages/_rocm_sdk_core/lib/{standin.hip_soname}']" in output, output
     assert "devices" in output
 
@@ -273,4 +334,6 @@ def test_the_containers_repair_command_carries_the_wheels_provider(tmp_path):
     options = RepairSettings.for_recipe(None, line).cli_options()
     assert options == ["--rocm-provider", "wheels", "--requires-pin", REQUIRES]
     # What the repair in the container rebuilds from those options is the line's own settings.
-    assert RepairSettings().extended(requires_pins=(REQUIRES,)).with_rocm_wheels() == RepairSettings.for_recipe(None, line)
+    assert RepairSettings().extended(requires_pins=(REQUIRES,)).with_rocm_wheels() == RepairSettings.for_recipe(
+        None, line
+    )

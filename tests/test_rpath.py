@@ -13,9 +13,9 @@ import pytest
 from elf_builds import Elf, build
 from elftools.elf.elffile import ELFFile
 
+from pipeline.repair.repair import _patchelf
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import read_elf
-from pipeline.repair.repair import _patchelf
 from pipeline.wheel.rpath import set_rpath_in_place
 
 LONG = "{build}/a/build/machine/folder/that/is/long/enough/lib"
@@ -69,12 +69,28 @@ def _lld() -> str | None:
 def _with_lld(library: Path, dep: Path, *flags: str) -> None:
     """Link ``library`` again with ld.lld, needing ``dep``'s libdep.so."""
     source = library.with_name(library.name + ".c")
-    run(["gcc", "-shared", "-fPIC", source, "-o", library, "-fuse-ld=lld", f"-B{_lld()}", f"-L{dep}", "-l:libdep.so", *flags])
+    run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            source,
+            "-o",
+            library,
+            "-fuse-ld=lld",
+            f"-B{_lld()}",
+            f"-L{dep}",
+            "-l:libdep.so",
+            *flags,
+        ]
+    )
 
 
 # A library with no search path, a short one of either kind, one linked by lld (whose layout
 # differs), and one patchelf has already rewritten (as auditwheel leaves a grafted library).
-@pytest.mark.parametrize("search", [{}, {"rpath": "/short"}, {"runpath": "/short"}, {"lld": "/short"}, {"patchelf": "/short"}])
+@pytest.mark.parametrize(
+    "search", [{}, {"rpath": "/short"}, {"runpath": "/short"}, {"lld": "/short"}, {"patchelf": "/short"}]
+)
 def test_a_path_that_needs_room_is_set_in_a_new_segment(tmp_path: Path, search: dict[str, str]) -> None:
     top, dep = _top(tmp_path, **{kind: value for kind, value in search.items() if kind in ("rpath", "runpath")})
     if "lld" in search:
@@ -121,8 +137,10 @@ def test_a_new_segment_leaves_the_zeroed_data_alone(tmp_path: Path) -> None:
     # .bss runs pages past the end of the file's data: the new segment must go past it, or the
     # loader maps it over what the library expects to be zeros.
     source = tmp_path / "bss.c"
-    source.write_text("volatile char zeros[3 << 20];\n"
-                      "int untouched(void) { for (unsigned i = 0; i < sizeof zeros; i++) if (zeros[i]) return 0; return 1; }\n")
+    source.write_text(
+        "volatile char zeros[3 << 20];\n"
+        "int untouched(void) { for (unsigned i = 0; i < sizeof zeros; i++) if (zeros[i]) return 0; return 1; }\n"
+    )
     library = tmp_path / "libbss.so"
     run(["gcc", "-shared", "-fPIC", "-O1", source, "-o", library])
     assert set_rpath_in_place(library, ["/opt/rocm/lib"])
@@ -134,7 +152,9 @@ def test_a_new_segment_leaves_the_zeroed_data_alone(tmp_path: Path) -> None:
 def _system_libraries(count: int) -> list[Path]:
     """Up to ``count`` of this machine's own shared libraries that load as they are, of all sizes."""
     folder = Path("/usr/lib") / (sysconfig.get_config_var("MULTIARCH") or "")
-    found = sorted({path.resolve() for path in folder.glob("lib*.so*") if path.is_file()}, key=lambda path: path.stat().st_size)
+    found = sorted(
+        {path.resolve() for path in folder.glob("lib*.so*") if path.is_file()}, key=lambda path: path.stat().st_size
+    )
     step = max(1, len(found) // (count * 2))
     return [path for path in found[::step] if _loads(path)][:count]
 
@@ -169,8 +189,11 @@ def _assert_sound_headers(library: Path) -> None:
 
 
 def test_a_path_set_in_a_new_segment_serves_musl_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    musl = (Elf("bin/program", needs=("top/libtop.so",), rpath="{build}/top", musl=True, program=True),
-            Elf("top/libtop.so", needs=("dep/libdep.so",), musl=True), Elf("dep/libdep.so", musl=True))
+    musl = (
+        Elf("bin/program", needs=("top/libtop.so",), rpath="{build}/top", musl=True, program=True),
+        Elf("top/libtop.so", needs=("dep/libdep.so",), musl=True),
+        Elf("dep/libdep.so", musl=True),
+    )
     # Where the linker, not the loader, finds libdep.so for the program (which does not need it itself).
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "build" / "dep"))
     built = build(musl, tmp_path / "build")
@@ -182,7 +205,9 @@ def test_a_path_set_in_a_new_segment_serves_musl_too(tmp_path: Path, monkeypatch
 
 def test_what_this_cannot_give_room_is_left_to_patchelf_untouched(tmp_path: Path) -> None:
     # A program (the kernel reads its program headers too), and a library with no spare dynamic entry.
-    built = build((Elf("bin/program", needs=("dep/libdep.so",), program=True), Elf("dep/libdep.so")), tmp_path / "build")
+    built = build(
+        (Elf("bin/program", needs=("dep/libdep.so",), program=True), Elf("dep/libdep.so")), tmp_path / "build"
+    )
     libraries = [built["bin/program"]]
     if _lld() is not None:
         top, dep = _top(tmp_path / "lld")

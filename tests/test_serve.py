@@ -16,8 +16,8 @@ import pytest
 from passlib.apache import HtpasswdFile
 
 from pipeline.errors import RocwheelsError
-from pipeline.verify.provenance import record_path, write_record
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.verify.provenance import record_path, write_record
 
 
 def test_htpasswd_users_are_added_and_updated(tmp_path):
@@ -34,16 +34,20 @@ def test_htpasswd_users_are_added_and_updated(tmp_path):
 
 
 def test_no_htpasswd_file_is_a_clear_error(tmp_path):
-    with (pytest.raises(RocwheelsError, match="(?s)no htpasswd file at .*rocwheels index add-user"),
-          running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd")):
+    with (
+        pytest.raises(RocwheelsError, match="(?s)no htpasswd file at .*rocwheels index add-user"),
+        running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd"),
+    ):
         pass
 
 
 @pytest.mark.network
 def test_the_server_stops_when_the_block_fails(tmp_path):
     add_htpasswd_user(tmp_path / "htpasswd", "alice", "pw")
-    with pytest.raises(RuntimeError, match="the caller failed"), \
-            running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd") as index:
+    with (
+        pytest.raises(RuntimeError, match="the caller failed"),
+        running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd") as index,
+    ):
         with urlopen(index.simple_url, timeout=5) as page:
             assert page.status == 200
         raise RuntimeError("the caller failed")
@@ -57,9 +61,12 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         port = taken.getsockname()[1]
-        with (pytest.raises(RocwheelsError, match=f"port {port} on 127.0.0.1 is already in use"),
-              running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd", port=port,
-                                 log_file=tmp_path / "pypiserver.log")):
+        with (
+            pytest.raises(RocwheelsError, match=f"port {port} on 127.0.0.1 is already in use"),
+            running_pypiserver(
+                tmp_path / "packages", tmp_path / "htpasswd", port=port, log_file=tmp_path / "pypiserver.log"
+            ),
+        ):
             pass
     assert not (tmp_path / "pypiserver.log").exists()  # caught before pypiserver could print a traceback
 
@@ -71,8 +78,18 @@ def test_stopping_serve_stops_pypiserver_too(tmp_path, stop):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = [sys.executable, "-m", "pipeline", "serve", "--packages", tmp_path / "packages",
-            "--htpasswd", tmp_path / "htpasswd", "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline",
+        "serve",
+        "--packages",
+        tmp_path / "packages",
+        "--htpasswd",
+        tmp_path / "htpasswd",
+        "--port",
+        str(port),
+    ]
     # Popen, not cmd.run: the test must signal the command while it runs.
     rocwheels = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -1,10 +1,12 @@
 import pytest
 
-from pipeline.errors import RocwheelsError
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets, runs_on
+from pipeline.errors import RocwheelsError
 
 
-@pytest.mark.parametrize("arch", ["gfx90a;gfx942", "gfx90a,gfx942", "gfx90a gfx942", " gfx90a ; gfx942 ;", "gfx90a,gfx942,gfx90a"])
+@pytest.mark.parametrize(
+    "arch", ["gfx90a;gfx942", "gfx90a,gfx942", "gfx90a gfx942", " gfx90a ; gfx942 ;", "gfx90a,gfx942,gfx90a"]
+)
 def test_arch_spellings(arch):
     assert parse_targets(arch) == (GpuTarget("gfx90a"), GpuTarget("gfx942"))
 
@@ -31,12 +33,29 @@ def test_unsupported_names_what_and_lists_choices():
 def test_formats():
     targets = parse_targets("gfx90a;gfx942")
     assert format_targets(targets, separator=";") == "gfx90a;gfx942"
-    assert format_targets(targets, separator=" ", prefix="--offload-arch=") == "--offload-arch=gfx90a --offload-arch=gfx942"
+    assert (
+        format_targets(targets, separator=" ", prefix="--offload-arch=")
+        == "--offload-arch=gfx90a --offload-arch=gfx942"
+    )
 
 
 # Names real ROCm 7 wheels on PyPI carry, and LLVM's generic targets.
-@pytest.mark.parametrize("arch", ["gfx1033", "gfx1153", "gfx1250", "gfx125f", "gfx9-generic", "gfx9-4-generic",
-                                  "gfx10-1-generic", "gfx10-3-generic", "gfx11-generic", "gfx12-generic", "gfx12-5-generic"])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "gfx1033",
+        "gfx1153",
+        "gfx1250",
+        "gfx125f",
+        "gfx9-generic",
+        "gfx9-4-generic",
+        "gfx10-1-generic",
+        "gfx10-3-generic",
+        "gfx11-generic",
+        "gfx12-generic",
+        "gfx12-5-generic",
+    ],
+)
 def test_every_llvm_target_is_known(arch):
     assert parse_targets(arch) == (GpuTarget(arch),)
 

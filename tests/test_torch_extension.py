@@ -28,12 +28,12 @@ from torch_line import (
     torch_wheel_dir,
 )
 
-from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
-from pipeline.util.cmd import run
-from pipeline.errors import CommandError
 from pipeline.config.recipes import load_recipes
+from pipeline.errors import CommandError
 from pipeline.repair.pins import exact_requirements
 from pipeline.repair.policy import LinkPackage
+from pipeline.util.cmd import run
+from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
 
 pytestmark = needs_torch_wheel
 
@@ -63,7 +63,9 @@ def test_extension_links_torch_from_the_installed_torch_and_requires_exactly_it(
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert not [n for n in names if "libtorch" in n or "libc10" in n or ".libs/" in n], "nothing of torch is grafted"
     links = tuple(LinkPackage.parse(entry) for entry in load_recipes(RECIPES)["torch-ext"].repair.link_packages)
-    [extension] = [m for m in analyze_wheel(wheel, TargetLayout(link_packages=links)).members if m.name.startswith("torch_ext/_C")]
+    [extension] = [
+        m for m in analyze_wheel(wheel, TargetLayout(link_packages=links)).members if m.name.startswith("torch_ext/_C")
+    ]
     assert extension.search_path == ("$ORIGIN/../torch/lib",)
     torch_libs = {d.soname: d for d in extension.dependencies if d.soname.startswith(("libc10", "libtorch"))}
     assert {"libc10.so", "libtorch_cpu.so"} <= set(torch_libs)
@@ -83,21 +85,37 @@ def test_torch_libraries_resolve_in_the_installed_layout(built, tmp_path):
 
 
 @pytest.mark.network
-def test_published_extension_installs_with_its_torch_over_a_higher_one_and_runs(built, index, torch_deps, make_wheel, tmp_path):
+def test_published_extension_installs_with_its_torch_over_a_higher_one_and_runs(
+    built, index, torch_deps, make_wheel, tmp_path
+):
     """pip sees a higher torch on a PyPI-like index (the CUDA torch's place); the pin picks the line's build."""
     pypi = simple_index(tmp_path / "pypi", [make_wheel(tmp_path / "dist", "torch", "2.15.0", build="pypi")])
-    sources = ["--index-url", pypi.as_uri(), "--extra-index-url", index.simple_url,
-               "--find-links", torch_wheel_dir("torch-ext"), "--find-links", torch_deps]
+    sources = [
+        "--index-url",
+        pypi.as_uri(),
+        "--extra-index-url",
+        index.simple_url,
+        "--find-links",
+        torch_wheel_dir("torch-ext"),
+        "--find-links",
+        torch_deps,
+    ]
     python = new_venv(tmp_path / "venv")
 
     # Control: without the pin, pip takes the higher torch.
-    report = json.loads(isolated_pip(python, "install", "--dry-run", "--quiet", "--report", "-", "--no-deps", *sources, "torch").output)
+    report = json.loads(
+        isolated_pip(python, "install", "--dry-run", "--quiet", "--report", "-", "--no-deps", *sources, "torch").output
+    )
     assert [item["metadata"]["version"] for item in report["install"]] == ["2.15.0"]
 
     isolated_pip(python, "install", "-q", "--no-compile", *sources, "torch-ext")
-    versions = run([python, "-c", "import importlib.metadata as m; print(m.version('torch'), m.version('torch-ext'))"]).output.split()
+    versions = run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('torch'), m.version('torch-ext'))"]
+    ).output.split()
     assert versions == [TORCH[1], built[1].name.split("-")[1]]
-    result = run([python, "-c", "import torch, torch_ext; print(torch_ext.add_one(torch.tensor([1.0, 41.0])).tolist())"])
+    result = run(
+        [python, "-c", "import torch, torch_ext; print(torch_ext.add_one(torch.tensor([1.0, 41.0])).tolist())"]
+    )
     assert result.output.strip().splitlines()[-1] == "[2.0, 42.0]"
 
 
@@ -110,7 +128,17 @@ def test_the_pin_refuses_another_torch(built, index, torch_deps, make_wheel, tmp
     isolated_pip(python, "install", "-q", "--no-deps", other)
 
     with pytest.raises(CommandError) as refused:
-        isolated_pip(python, "install", "-q", "--index-url", pypi.as_uri(), "--extra-index-url", index.simple_url,
-                     "--find-links", torch_deps, "torch-ext")
+        isolated_pip(
+            python,
+            "install",
+            "-q",
+            "--index-url",
+            pypi.as_uri(),
+            "--extra-index-url",
+            index.simple_url,
+            "--find-links",
+            torch_deps,
+            "torch-ext",
+        )
     assert "torch==2.13.0+cpu" in refused.value.output
     assert run([python, "-c", "import importlib.metadata as m; print(m.version('torch'))"]).output.strip() == "2.15.0"

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Repaired
 
-from pipeline.wheel.analyze import TargetLayout
-from pipeline.util.cmd import run
 from pipeline.config.recipes import Smoke
 from pipeline.repair.policy import LinkPackage
+from pipeline.util.cmd import run
 from pipeline.verify.verify import ERROR, Expectations, verify_wheel
+from pipeline.wheel.analyze import TargetLayout
 from pipeline.wheel.archive import rewrite_wheel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,9 @@ def test_unrepaired_wheel_fails(repaired: Repaired, expect):
 
 
 def test_wrong_rocm_folder_does_not_resolve(repaired: Repaired, expect):
-    report = verify_wheel(repaired.wheel, replace(expect, layout=replace(expect.layout, rocm_lib_dir="/opt/rocm-7.0/lib")), smoke=False)
+    report = verify_wheel(
+        repaired.wheel, replace(expect, layout=replace(expect.layout, rocm_lib_dir="/opt/rocm-7.0/lib")), smoke=False
+    )
     errors = checks(report)
     assert any("libamdhip64" in e and "/opt/rocm-7.0/lib" in e for e in errors)
 
@@ -98,7 +100,9 @@ def _rerecord(wheel: Path, tmp_path: Path) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         record = next(n for n in archive.namelist() if n.endswith("/RECORD"))
         names = [n for n in archive.namelist() if not n.endswith("/")]
-        text = archive.read(record).decode() + "".join(f"{n},,\n" for n in names if n not in archive.read(record).decode())
+        text = archive.read(record).decode() + "".join(
+            f"{n},,\n" for n in names if n not in archive.read(record).decode()
+        )
     staged = tmp_path / "staged"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(staged)
@@ -111,7 +115,9 @@ def _rerecord(wheel: Path, tmp_path: Path) -> Path:
 
 
 def test_smoke_test_runs_in_a_fresh_venv(repaired: Repaired, expect, tmp_path):
-    good = verify_wheel(repaired.wheel, replace(expect, smoke=Smoke(imports=("hipext",), code="import hipext")), scratch=tmp_path)
+    good = verify_wheel(
+        repaired.wheel, replace(expect, smoke=Smoke(imports=("hipext",), code="import hipext")), scratch=tmp_path
+    )
     assert good.ok and any(f.check == "smoke" and f.level == "ok" for f in good.findings)
     bad = verify_wheel(repaired.wheel, replace(expect, smoke=Smoke(imports=("hipext.nope",))), scratch=tmp_path)
     assert any(e.startswith("smoke:") and "hipext.nope" in e for e in checks(bad))
@@ -122,7 +128,16 @@ def rocwheels(*args, cwd=REPO):
 
 
 def test_cli_json_report(repaired: Repaired, hip_targets):
-    result = rocwheels("verify", "--json", "--no-smoke", "--rocm-lib-dir", ROCM_LIB_DIR, "--arch", ";".join(hip_targets), repaired.wheel)
+    result = rocwheels(
+        "verify",
+        "--json",
+        "--no-smoke",
+        "--rocm-lib-dir",
+        ROCM_LIB_DIR,
+        "--arch",
+        ";".join(hip_targets),
+        repaired.wheel,
+    )
     (report,) = json.loads(result.stdout)
     # _linked needs libfakelink from a package no recipe declares here: unresolved, exit 1.
     assert result.returncode == 1

@@ -95,11 +95,19 @@ def test_unsafe_record_paths_are_refused(raw_zip: Callable[..., Path], named: Pa
         check_wheel(path)
 
 
-@pytest.mark.parametrize(("record", "error"), [
-    (b"\r\x00", "line 2 does not have 3 fields"),  # a lone carriage return ends a line (found by tests/test_fuzz.py)
-    (b"demo/x.py," + b"a" * 200_000 + b",1\n", "line 1 is not CSV"),  # past the csv module's field limit
-])
-def test_a_malformed_record_is_reported_by_line(record: bytes, error: str, raw_zip: Callable[..., Path], named: Path) -> None:
+@pytest.mark.parametrize(
+    ("record", "error"),
+    [
+        (
+            b"\r\x00",
+            "line 2 does not have 3 fields",
+        ),  # a lone carriage return ends a line (found by tests/test_fuzz.py)
+        (b"demo/x.py," + b"a" * 200_000 + b",1\n", "line 1 is not CSV"),  # past the csv module's field limit
+    ],
+)
+def test_a_malformed_record_is_reported_by_line(
+    record: bytes, error: str, raw_zip: Callable[..., Path], named: Path
+) -> None:
     path = raw_zip(named, {**META, f"{DIST_INFO}/RECORD": record})
     with pytest.raises(RocwheelsError, match=f"RECORD {error}"):
         check_wheel(path)
@@ -121,7 +129,9 @@ def test_record_naming_a_missing_dist_info_is_refused(raw_zip: Callable[..., Pat
     # The case that crashes auditwheel with FileNotFoundError.
     record = f"demo-2.0.dist-info/WHEEL,,\ndemo-2.0.dist-info/METADATA,,\n{DIST_INFO}/RECORD,,\n".encode()
     path = raw_zip(named, {**META, f"{DIST_INFO}/RECORD": record})
-    with pytest.raises(RocwheelsError, match="RECORD names the folder demo-2.0.dist-info, but the wheel's is demo-1.0.dist-info"):
+    with pytest.raises(
+        RocwheelsError, match="RECORD names the folder demo-2.0.dist-info, but the wheel's is demo-1.0.dist-info"
+    ):
         check_wheel(path)
 
 
@@ -219,8 +229,10 @@ def test_extract_keeps_permissions(wheel: Path, tmp_path: Path) -> None:
     ("name", "expected"),
     [
         ("demo-1.0-cp311-cp311-linux_x86_64.whl", "demo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"),
-        ("demo-1.0-1-cp311-cp311-manylinux2014_x86_64.manylinux_2_28_x86_64.whl",
-         "demo-1.0-1-cp311-cp311-manylinux_2_28_x86_64.whl"),
+        (
+            "demo-1.0-1-cp311-cp311-manylinux2014_x86_64.manylinux_2_28_x86_64.whl",
+            "demo-1.0-1-cp311-cp311-manylinux_2_28_x86_64.whl",
+        ),
     ],
 )
 def test_replace_platform_tag(name: str, expected: str) -> None:

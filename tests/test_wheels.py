@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, canary_plan
 
-from pipeline.wheel.analyze import analyze_wheel
 from pipeline.config.layout import Layout
+from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
 
 pytestmark = pytest.mark.hipcc
@@ -43,7 +43,11 @@ def test_verified_canary_lands_in_the_wheelhouse(tmp_path, host_line, canary_tar
 
 
 def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, host_line, canary_targets):
-    layout = Layout(copy_recipes(tmp_path / "recipes", smoke_import="rocm_canary.missing"), tmp_path / "wheelhouse", tmp_path / "work")
+    layout = Layout(
+        copy_recipes(tmp_path / "recipes", smoke_import="rocm_canary.missing"),
+        tmp_path / "wheelhouse",
+        tmp_path / "work",
+    )
     (outcome,) = make_wheels(canary_plan(layout, host_line, canary_targets), layout)
     assert outcome.status == "failed"
     assert "failed verification" in outcome.detail
@@ -53,20 +57,38 @@ def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, host_line, ca
 
 def test_make_wheels_for_the_canary(tmp_path, canary_targets):
     """The issue's own command line: make wheels ARCH=... RECIPES=rocm-canary DRIVER=local."""
-    env = {**os.environ, "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"), "ROCWHEELS_WORK_DIR": str(tmp_path / "work")}
-    result = subprocess.run(["make", "-s", "wheels", f"ARCH={';'.join(canary_targets)}", "RECIPES=rocm-canary", "DRIVER=local"],
-                            cwd=REPO, env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"),
+        "ROCWHEELS_WORK_DIR": str(tmp_path / "work"),
+    }
+    result = subprocess.run(
+        ["make", "-s", "wheels", f"ARCH={';'.join(canary_targets)}", "RECIPES=rocm-canary", "DRIVER=local"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(list((tmp_path / "wheelhouse").glob("rocm_canary-*manylinux*.whl"))) == 1
 
 
 def test_demo_end_to_end(tmp_path):
     """make demo's job: build, repair, verify, publish to pypiserver, install, smoke test; no server left."""
-    env = {**os.environ, "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"), "ROCWHEELS_WORK_DIR": str(tmp_path / "work"), "COLUMNS": "200"}
-    result = subprocess.run([sys.executable, "-m", "pipeline", "demo"], cwd=REPO, env=env, capture_output=True, text=True)
+    env = {
+        **os.environ,
+        "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"),
+        "ROCWHEELS_WORK_DIR": str(tmp_path / "work"),
+        "COLUMNS": "200",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "demo"], cwd=REPO, env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for step in ("build, repair, verify", "publish", "install into a fresh venv", "smoke test", "stopped"):
         assert step in result.stdout
     assert "1 uploaded" in result.stdout
-    servers = subprocess.run(["pgrep", "-f", "pypiserver(_records)? run .*rocwheels-demo-"], capture_output=True, text=True)
+    servers = subprocess.run(
+        ["pgrep", "-f", "pypiserver(_records)? run .*rocwheels-demo-"], capture_output=True, text=True
+    )
     assert servers.stdout == "", "a process of the demo is still running"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.wheel import zipwrite
-from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
+from pipeline.wheel import zipwrite
 from pipeline.wheel.archive import check_wheel
 from pipeline.wheel.zipwrite import _BEHIND_FROM, CHUNK, Added, extract_members, record_rows, write_wheel
 
@@ -27,9 +27,15 @@ BIG = random.Random(11).randbytes(CHUNK + CHUNK // 3) + b"rocm " * (CHUNK // 5)
 
 @pytest.fixture
 def wheel(platform_wheel: Callable[..., Path], tmp_path: Path) -> Path:
-    return platform_wheel(tmp_path / "in", "demo", {
-        "demo/__init__.py": b"X = 1\n", "demo/_ext.so": b"\x7fELF fake" * 1000, "demo/data.bin": BIG,
-    })
+    return platform_wheel(
+        tmp_path / "in",
+        "demo",
+        {
+            "demo/__init__.py": b"X = 1\n",
+            "demo/_ext.so": b"\x7fELF fake" * 1000,
+            "demo/data.bin": BIG,
+        },
+    )
 
 
 def _unzip_test(path: Path) -> str:
@@ -51,8 +57,13 @@ def _raw_member(path: Path, name: str) -> bytes:
 
 
 def test_unchanged_members_are_copied_as_their_compressed_bytes(wheel: Path, tmp_path: Path) -> None:
-    dest = write_wheel(wheel, tmp_path / "out" / wheel.name, record=f"{DIST_INFO}/RECORD",
-                       changed={"demo/_ext.so": b"\x7fELF patched"}, threads=2)
+    dest = write_wheel(
+        wheel,
+        tmp_path / "out" / wheel.name,
+        record=f"{DIST_INFO}/RECORD",
+        changed={"demo/_ext.so": b"\x7fELF patched"},
+        threads=2,
+    )
     for name in ("demo/__init__.py", "demo/data.bin", f"{DIST_INFO}/METADATA"):
         assert _raw_member(dest, name) == _raw_member(wheel, name)
     check_wheel(dest, verify_hashes=True)  # RECORD rows: reused for copies, new for the patched member
@@ -63,8 +74,13 @@ def test_unchanged_members_are_copied_as_their_compressed_bytes(wheel: Path, tmp
 def test_a_large_member_deflated_in_chunks_is_one_valid_stream(wheel: Path, tmp_path: Path, threads: int) -> None:
     changed = tmp_path / "data.bin"
     changed.write_bytes(BIG[::-1])
-    dest = write_wheel(wheel, tmp_path / "out" / wheel.name, record=f"{DIST_INFO}/RECORD",
-                       changed={"demo/data.bin": changed}, threads=threads)
+    dest = write_wheel(
+        wheel,
+        tmp_path / "out" / wheel.name,
+        record=f"{DIST_INFO}/RECORD",
+        changed={"demo/data.bin": changed},
+        threads=threads,
+    )
     with zipfile.ZipFile(dest) as archive:
         assert archive.read("demo/data.bin") == BIG[::-1]  # zipfile checks the CRC too
         assert archive.getinfo("demo/data.bin").compress_size < len(BIG)
@@ -73,7 +89,9 @@ def test_a_large_member_deflated_in_chunks_is_one_valid_stream(wheel: Path, tmp_
 
 
 def test_a_large_member_is_hashed_beside_its_inflating_and_still_checked(
-    platform_wheel: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    platform_wheel: Callable[..., Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     large = random.Random(3).randbytes(_BEHIND_FROM * 3 // 4) + b"rocm " * (_BEHIND_FROM // 16)
     assert len(large) >= _BEHIND_FROM
@@ -95,9 +113,14 @@ def test_a_large_member_is_hashed_beside_its_inflating_and_still_checked(
 def test_forced_zip64_records_read_back(wheel: Path, tmp_path: Path) -> None:
     library = tmp_path / "libgrafted.so"
     library.write_bytes(b"\x7fELF grafted")
-    dest = write_wheel(wheel, tmp_path / "out" / wheel.name, record=f"{DIST_INFO}/RECORD",
-                       changed={"demo/__init__.py": b"X = 2\n"},
-                       added={"demo.libs/libgrafted.so": Added(library, 0o755)}, force_zip64=True)
+    dest = write_wheel(
+        wheel,
+        tmp_path / "out" / wheel.name,
+        record=f"{DIST_INFO}/RECORD",
+        changed={"demo/__init__.py": b"X = 2\n"},
+        added={"demo.libs/libgrafted.so": Added(library, 0o755)},
+        force_zip64=True,
+    )
     raw = dest.read_bytes()
     assert raw.count(struct.pack("<I", 0x06064B50)) == 1 and raw.count(struct.pack("<I", 0x07064B50)) == 1
     with zipfile.ZipFile(dest) as archive:

@@ -14,15 +14,15 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from pipeline.util.cmd import Result, run
+from pipeline.build.sources import fetch_build_wheels
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.util.log import recipe_logger
-from pipeline.plan import select_plan
-from pipeline.publish.upload import publish
 from pipeline.config.recipes import load_recipes
+from pipeline.plan import select_plan
 from pipeline.publish.serve import RunningIndex, add_htpasswd_user, running_pypiserver
-from pipeline.build.sources import fetch_build_wheels
+from pipeline.publish.upload import publish
+from pipeline.util.cmd import Result, run
+from pipeline.util.log import recipe_logger
 from pipeline.wheels import Outcome, make_wheels
 
 RECIPES = Path(__file__).parent / "torch-recipes"
@@ -48,7 +48,9 @@ def build_line_recipe(root: Path, recipe: str) -> tuple[Layout, Outcome]:
 
 def torch_wheel_dir(recipe: str) -> Path:
     """The folder of the cached, hash-checked torch wheel (a --find-links source)."""
-    return fetch_build_wheels(load_recipes(RECIPES)[recipe].at(_version(recipe), RECIPES), RECIPES, recipe_logger(recipe))[0].parent
+    return fetch_build_wheels(
+        load_recipes(RECIPES)[recipe].at(_version(recipe), RECIPES), RECIPES, recipe_logger(recipe)
+    )[0].parent
 
 
 def _version(recipe: str) -> str:
@@ -57,8 +59,23 @@ def _version(recipe: str) -> str:
 
 def download_torch_deps(folder: Path) -> Path:
     """torch's own dependencies as wheel files, hash-checked from the line's lock (for offline installs)."""
-    run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes", "--only-binary", ":all:",
-         "-d", folder, "-r", RECIPES / "constraints" / f"{LINE}.txt"])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary",
+            ":all:",
+            "-d",
+            folder,
+            "-r",
+            RECIPES / "constraints" / f"{LINE}.txt",
+        ]
+    )
     return folder
 
 
@@ -82,8 +99,10 @@ def new_venv(folder: Path) -> Path:
 
 def isolated_pip(python: Path, *args: str | Path) -> Result:
     """pip for ``python`` that sees only the indexes given here (not this machine's pip settings)."""
-    return run([sys.executable, "-m", "pip", "--python", python, "--isolated", "--disable-pip-version-check", *args],
-               env={"PIP_CONFIG_FILE": "/dev/null"})
+    return run(
+        [sys.executable, "-m", "pip", "--python", python, "--isolated", "--disable-pip-version-check", *args],
+        env={"PIP_CONFIG_FILE": "/dev/null"},
+    )
 
 
 def simple_index(root: Path, wheels: list[Path]) -> Path:

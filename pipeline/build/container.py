@@ -37,21 +37,21 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from pipeline.build.local import BuiltWheel, accepted_wheels, start_log
 from pipeline.build.compiler_cache import SCCACHE_VARIABLES, RemoteCache, remote_cache, sccache_note
-from pipeline.util.cmd import run
 from pipeline.build.engine import Engine, detect_engine
-from pipeline.errors import RocwheelsError
 from pipeline.build.image import build_image
+from pipeline.build.local import BuiltWheel, accepted_wheels, start_log
+from pipeline.build.sources import cache_dir, prepare_source
 from pipeline.config.layout import Layout, fresh_dir
 from pipeline.config.lock import Line
-from pipeline.util.log import recipe_logger
-from pipeline.plan import Plan, Step
 from pipeline.config.recipes import LOCK_FILE, Smoke
-from pipeline.repair.repair import RepairSettings
 from pipeline.config.rocm_wheels import BUILDER_ROCM_WHEELS
+from pipeline.errors import RocwheelsError
+from pipeline.plan import Plan, Step
+from pipeline.repair.repair import RepairSettings
+from pipeline.util.cmd import run
+from pipeline.util.log import recipe_logger
 from pipeline.verify.smoke import gpu_present
-from pipeline.build.sources import cache_dir, prepare_source
 from pipeline.wheels import Driver
 
 # Where cibuildwheel puts the working directory in the container (cibuildwheel/platforms/linux.py).
@@ -77,7 +77,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # `ccache --print-stats` (ccache 4) prints "key<TAB>value"; ccache 3 (EPEL 8, the ROCm EL8
 # images) only has the human `ccache -s` table, whose rows are mapped to the same keys.
 _STAT_V4 = re.compile(r"^(?P<key>[a-z_]+)\t(?P<value>\d+)$")
-_STAT_V3 = re.compile(r"^(?P<key>cache hit \(direct\)|cache hit \(preprocessed\)|cache miss|called for link)\s+(?P<value>\d+)$")
+_STAT_V3 = re.compile(
+    r"^(?P<key>cache hit \(direct\)|cache hit \(preprocessed\)|cache miss|called for link)\s+(?P<value>\d+)$"
+)
 _V3_KEYS = {
     "cache hit (direct)": "direct_cache_hit",
     "cache hit (preprocessed)": "preprocessed_cache_hit",
@@ -106,14 +108,21 @@ def require_pinned(line_name: str, line: Line, recipes_dir: Path) -> None:
         )
 
 
-def builder_image(line_name: str, line: Line, engine: Engine, *, recipes_dir: Path, log_file: Path | None = None) -> str:
+def builder_image(
+    line_name: str, line: Line, engine: Engine, *, recipes_dir: Path, log_file: Path | None = None
+) -> str:
     """Build (or find) the builder image of a lock line on its pinned base; return its tag."""
     require_pinned(line_name, line, recipes_dir)
     return build_image(
-        line_name, line.builder_image, line.python, engine,
+        line_name,
+        line.builder_image,
+        line.python,
+        engine,
         # All the line's targets, not one run's: a new ARCH must not rebuild the image (each
         # recipe passes its own targets into the container).
-        rocm_path=line.rocm_path, rocm_archs=line.targets, log_file=log_file,
+        rocm_path=line.rocm_path,
+        rocm_archs=line.targets,
+        log_file=log_file,
         rocm_wheels=line.rocm_wheels.build if line.rocm_wheels else (),
         rocm_wheels_index_url=line.rocm_wheels.index_url if line.rocm_wheels else "",
     )
@@ -150,8 +159,21 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
         # --config-file: the recipe alone decides the build; a [tool.cibuildwheel] table in the
         # project's pyproject.toml (test-requires, before-all ...) would otherwise add to it.
         run(
-            [sys.executable, "-m", "cibuildwheel", "--config-file", os.devnull, "--output-dir", raw, package.relative_to(project)],
-            env={**engine.env, **settings}, cwd=project, log_file=log_file, logger=logger, on_output=on_output,
+            [
+                sys.executable,
+                "-m",
+                "cibuildwheel",
+                "--config-file",
+                os.devnull,
+                "--output-dir",
+                raw,
+                package.relative_to(project),
+            ],
+            env={**engine.env, **settings},
+            cwd=project,
+            log_file=log_file,
+            logger=logger,
+            on_output=on_output,
         )
 
         wheels = _one_per_python(step, plan, raw, log_file)
@@ -164,8 +186,9 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
     return drive
 
 
-def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccache: Path, gpu: bool,
-                     shared: RemoteCache | None = None) -> dict[str, str]:
+def cibuildwheel_env(
+    plan: Plan, step: Step, *, engine: Engine, image: str, ccache: Path, gpu: bool, shared: RemoteCache | None = None
+) -> dict[str, str]:
     """The environment for cibuildwheel that builds ``step`` in ``image``: the driver's whole configuration.
 
     The recipe's variables reach the container through CIBW_ENVIRONMENT_PASS_LINUX, which copies
@@ -193,7 +216,11 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
         **({"PIP_FIND_LINKS": " ".join(links)} if (links := _find_links(step, line)) else {}),
     }
     # The shared cache's settings and logins pass verbatim, like the recipe's variables.
-    passed = {**step.env, **(shared.env if shared else {}), **{key: os.environ[key] for key in SCCACHE_VARIABLES if shared and key in os.environ}}
+    passed = {
+        **step.env,
+        **(shared.env if shared else {}),
+        **{key: os.environ[key] for key in SCCACHE_VARIABLES if shared and key in os.environ},
+    }
     create_args = [] if shared else [f"--volume={ccache}:{CONTAINER_CCACHE}"]
     if gpu:
         # The smoke test's gpu_code needs the GPU inside the container.
@@ -208,7 +235,9 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
         "CIBW_MANYLINUX_X86_64_IMAGE": image,
         "CIBW_CONTAINER_ENGINE": f"{engine.name}; create_args: {shlex.join(create_args)}",
         "CIBW_ENVIRONMENT_PASS_LINUX": " ".join(passed),
-        "CIBW_ENVIRONMENT": " ".join(f"{key}={shlex.quote(value)}" for key, value in defaults.items() if key not in step.env),
+        "CIBW_ENVIRONMENT": " ".join(
+            f"{key}={shlex.quote(value)}" for key, value in defaults.items() if key not in step.env
+        ),
         "CIBW_BUILD_FRONTEND": f"build; args: {shlex.join(frontend_args)}" if frontend_args else "build",
         "CIBW_BEFORE_BUILD": f"bash {{project}}/{HELPERS}/before-build.sh {{package}}",
         "CIBW_REPAIR_WHEEL_COMMAND": repair_command(plan, step),
@@ -218,13 +247,18 @@ def cibuildwheel_env(plan: Plan, step: Step, *, engine: Engine, image: str, ccac
 
 def _find_links(step: Step, line: Line) -> list[str]:
     """Where pip finds the depends_on wheels, and a `wheels` line's ROCm packages (kept in the image)."""
-    return [*([f"{CONTAINER_PROJECT}/{HELPERS}/deps"] if step.dependencies else []), *([BUILDER_ROCM_WHEELS] if line.rocm_wheels else [])]
+    return [
+        *([f"{CONTAINER_PROJECT}/{HELPERS}/deps"] if step.dependencies else []),
+        *([BUILDER_ROCM_WHEELS] if line.rocm_wheels else []),
+    ]
 
 
 def repair_command(plan: Plan, step: Step) -> str:
     """The compiler cache statistics of the build just done, then ``rocwheels repair`` in the image."""
     options = RepairSettings.for_step(step, plan.line).cli_options()
-    stats = f"echo {shlex.quote(STATS_BEGIN)}; ccache --print-stats 2>/dev/null || ccache -s; echo {shlex.quote(STATS_END)}"
+    stats = (
+        f"echo {shlex.quote(STATS_BEGIN)}; ccache --print-stats 2>/dev/null || ccache -s; echo {shlex.quote(STATS_END)}"
+    )
     # From /: a recipes/ folder in the project must not be taken for rocwheels' own (the options
     # carry the recipe's and line's settings).
     return f"{stats}; cd / && rocwheels repair {{wheel}} -w {{dest_dir}} {shlex.join(options)}"
@@ -242,7 +276,7 @@ def before_build_script(step: Step, *, shared: bool = False) -> str:
         lines += [
             "# Statistics of this build only (smoke.sh prints them); starts the container's sccache server.",
             "sccache --zero-stats",
-            f'mkdir -p {shlex.quote(os.path.dirname(SCCACHE_HIPCC))}',
+            f"mkdir -p {shlex.quote(os.path.dirname(SCCACHE_HIPCC))}",
             f'printf \'#!/bin/sh\\nexec sccache %s "$@"\\n\' "$(command -v hipcc)" > {shlex.quote(SCCACHE_HIPCC)}',
             f"chmod +x {shlex.quote(SCCACHE_HIPCC)}",
         ]
@@ -250,13 +284,15 @@ def before_build_script(step: Step, *, shared: bool = False) -> str:
         lines += [
             "# Statistics of this build only: the repair command prints them.",
             "ccache -z",
-            'ccache_bin=$(command -v ccache)',
-            f'mkdir -p {shlex.quote(os.path.dirname(CCACHE_HIPCC))}',
+            "ccache_bin=$(command -v ccache)",
+            f"mkdir -p {shlex.quote(os.path.dirname(CCACHE_HIPCC))}",
             f'ln -sf "$ccache_bin" {shlex.quote(CCACHE_HIPCC)}',
         ]
     if step.constraints:
         # The line's locked build environment (staged beside this script), every file hash-checked.
-        lines.append(f'python -m pip install --disable-pip-version-check --require-hashes --no-deps -r "$(dirname "$0")/{CONSTRAINTS}"')
+        lines.append(
+            f'python -m pip install --disable-pip-version-check --require-hashes --no-deps -r "$(dirname "$0")/{CONSTRAINTS}"'
+        )
     if installs:
         lines.append(f"python -m pip install --disable-pip-version-check {shlex.join(installs)}")
     # As the local driver runs them: each in its own bash, from the package folder.
@@ -268,9 +304,22 @@ def before_build_script(step: Step, *, shared: bool = False) -> str:
 def smoke_script(smoke: Smoke, *, gpu: bool, shared: bool = False) -> str:
     """``smoke.sh``: the recipe's smoke checks, in cibuildwheel's fresh venv holding the repaired wheel
     (first, with a shared cache, sccache's statistics of the build just done)."""
-    stats = [f"echo {shlex.quote(SCCACHE_BEGIN)}", "sccache --show-stats --stats-format json", "echo",  # its JSON ends without a newline
-             f"echo {shlex.quote(SCCACHE_END)}"] if shared else []
-    lines = ["#!/bin/bash", "set -euxo pipefail", *stats, *(f"python -c {shlex.quote(snippet)}" for snippet in smoke.snippets(gpu=gpu))]
+    stats = (
+        [
+            f"echo {shlex.quote(SCCACHE_BEGIN)}",
+            "sccache --show-stats --stats-format json",
+            "echo",  # its JSON ends without a newline
+            f"echo {shlex.quote(SCCACHE_END)}",
+        ]
+        if shared
+        else []
+    )
+    lines = [
+        "#!/bin/bash",
+        "set -euxo pipefail",
+        *stats,
+        *(f"python -c {shlex.quote(snippet)}" for snippet in smoke.snippets(gpu=gpu)),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -280,7 +329,7 @@ def sccache_log_note(log_text: str, shared: RemoteCache) -> str:
     blocks = re.findall(rf"^{re.escape(SCCACHE_BEGIN)}$(.*?)^{re.escape(SCCACHE_END)}$", log_text, re.M | re.S)
     for block in blocks:
         try:
-            stats = json.loads(block[block.index("{"):block.rindex("}") + 1])["stats"]
+            stats = json.loads(block[block.index("{") : block.rindex("}") + 1])["stats"]
         except (ValueError, KeyError):
             continue
         for key in totals:

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
 
 # Only a source checkout has these; an installed rocwheels (as inside the builder image, where
 # it only repairs wheels) never starts containers.
@@ -71,8 +71,10 @@ def detect_engine(only: str | None = None) -> Engine:
             problems.append(f"`{docker} info` reached no Docker engine: {_last_line(result.output)}")
         elif not _has_buildkit(docker):
             problems.append(f"{docker} cannot build with BuildKit (no buildx plugin), which the builder image needs")
-            fixes.append("install Docker's buildx plugin (Debian/Ubuntu: `apt-get install -y docker-buildx`; Docker's own "
-                         "repository: docker-buildx-plugin)")
+            fixes.append(
+                "install Docker's buildx plugin (Debian/Ubuntu: `apt-get install -y docker-buildx`; Docker's own "
+                "repository: docker-buildx-plugin)"
+            )
         else:
             # BuildKit for clients that still default to the legacy builder (before 23).
             return Engine("docker", (docker,), {"DOCKER_BUILDKIT": "1"})

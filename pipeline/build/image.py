@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from pipeline.util.cmd import run
 from pipeline.build.engine import Engine
 from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
 
 log = logging.getLogger("rocwheels")
 
@@ -72,7 +72,11 @@ def build_image(
         "ROCM_PATH": rocm_path,
         "PYTORCH_ROCM_ARCH": ";".join(rocm_archs),
         "PYTHON_VERSIONS": " ".join(python_versions),
-        **({"ROCM_WHEELS": " ".join(rocm_wheels), "ROCM_WHEELS_INDEX_URL": rocm_wheels_index_url} if rocm_wheels else {}),
+        **(
+            {"ROCM_WHEELS": " ".join(rocm_wheels), "ROCM_WHEELS_INDEX_URL": rocm_wheels_index_url}
+            if rocm_wheels
+            else {}
+        ),
     }
     with tempfile.TemporaryDirectory(prefix="rocwheels-image-") as tmp:
         context = Path(tmp)
@@ -113,8 +117,7 @@ def _stage_context(context: Path, project_root: Path, python_versions: Sequence[
     docker_dir = project_root / "docker"
     if not (docker_dir / "Dockerfile.builder").is_file():
         raise RocwheelsError(
-            f"{docker_dir / 'Dockerfile.builder'} not found: builder images are built from a "
-            "rocwheels source checkout",
+            f"{docker_dir / 'Dockerfile.builder'} not found: builder images are built from a rocwheels source checkout",
             fix="run rocwheels from a clone of its repository (pip install -e .)",
         )
     shutil.copy2(docker_dir / "Dockerfile.builder", context / "Dockerfile")

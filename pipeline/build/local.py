@@ -18,13 +18,13 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from pipeline.build.compiler_cache import RemoteCache, SccacheServer, remote_cache
-from pipeline.util.cmd import run
-from pipeline.errors import RocwheelsError
-from pipeline.config.layout import Layout, fresh_dir
-from pipeline.util.log import recipe_logger
-from pipeline.plan import Plan, Step
-from pipeline.config.rocm_wheels import rocm_sdk_env
 from pipeline.build.sources import fetch_build_wheels, prepare_source
+from pipeline.config.layout import Layout, fresh_dir
+from pipeline.config.rocm_wheels import rocm_sdk_env
+from pipeline.errors import RocwheelsError
+from pipeline.plan import Plan, Step
+from pipeline.util.cmd import run
+from pipeline.util.log import recipe_logger
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ class BuiltWheel:
         return (self.path, *self.more)
 
 
-def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None,
-                cache: RemoteCache | None = None) -> BuiltWheel:
+def build_local(
+    step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None, cache: RemoteCache | None = None
+) -> BuiltWheel:
     """Build one recipe on this host: clean work folder, build venv, pre-build steps, pypa/build.
 
     With a remote ``cache``, every compilation goes through an sccache server of this build.
@@ -64,10 +65,22 @@ def build_local(step: Step, layout: Layout, *, on_output: Callable[[str], None] 
         env.update(server.start())
     try:
         for command in step.pre:
-            run(["bash", "-euo", "pipefail", "-c", command], cwd=source, env=env, log_file=log_file, logger=logger, on_output=on_output)
+            run(
+                ["bash", "-euo", "pipefail", "-c", command],
+                cwd=source,
+                env=env,
+                log_file=log_file,
+                logger=logger,
+                on_output=on_output,
+            )
         dist = work / "dist"
-        run([venv / "bin" / "python", "-m", "build", *step.build_args, "--outdir", dist, source],
-            env=env, log_file=log_file, logger=logger, on_output=on_output)
+        run(
+            [venv / "bin" / "python", "-m", "build", *step.build_args, "--outdir", dist, source],
+            env=env,
+            log_file=log_file,
+            logger=logger,
+            on_output=on_output,
+        )
     finally:
         if server:
             note = server.stop()
@@ -117,7 +130,11 @@ def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: 
         # a throwaway venv, and torch's thousands of modules would take minutes to compile.
         run([*pip, "--no-compile", *build_wheels], log_file=log_file, logger=logger)
     if step.rocm_wheels:
-        run([*pip, "--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build], log_file=log_file, logger=logger)
+        run(
+            [*pip, "--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build],
+            log_file=log_file,
+            logger=logger,
+        )
     pins = [f"{name}=={version}" for name, version in step.dependencies]
     links = ["--find-links", layout.wheelhouse] if pins else []
     run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)
@@ -138,14 +155,18 @@ def accepted_wheels(wheelhouse: Path, dist_name: str, version: str) -> list[Path
     """The accepted wheels of a dependency (built earlier in the plan, or before)."""
     wheels = find_wheels(wheelhouse, dist_name, version)
     if not wheels:
-        raise RocwheelsError(f"no wheel of {dist_name}=={version} in {wheelhouse}", fix="build that recipe first (it is in depends_on)")
+        raise RocwheelsError(
+            f"no wheel of {dist_name}=={version} in {wheelhouse}", fix="build that recipe first (it is in depends_on)"
+        )
     return wheels
 
 
 def _the_wheel(step: Step, dist: Path, log_file: Path) -> Path:
     wheels = sorted(dist.glob("*.whl"))
     if len(wheels) != 1:
-        raise RocwheelsError(f"{step.name}: the build produced {len(wheels)} wheels in {dist}, expected one", fix=f"see {log_file}")
+        raise RocwheelsError(
+            f"{step.name}: the build produced {len(wheels)} wheels in {dist}, expected one", fix=f"see {log_file}"
+        )
     version = str(parse_wheel_filename(wheels[0].name)[1])
     if version != step.wheel_version:
         raise RocwheelsError(

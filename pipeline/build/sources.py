@@ -14,17 +14,19 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
-from pipeline.util.cmd import run
-from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.config.layout import cache_dir
 from pipeline.config.recipes import Recipe, recipe_path
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.util.cmd import run
 
 # Build products a source folder of this repo may hold from a manual build; never copied.
 IGNORED_NAMES = ("build", "dist", "__pycache__", ".git")
 _IGNORED = shutil.ignore_patterns(*IGNORED_NAMES, "*.egg-info")
 
 
-def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: Path, logger: logging.LoggerAdapter) -> Path:
+def prepare_source(
+    recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: Path, logger: logging.LoggerAdapter
+) -> Path:
     """Lay the recipe's source out in ``dest`` (emptied first); return the folder to build."""
     if dest.exists():
         shutil.rmtree(dest)
@@ -32,35 +34,66 @@ def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: P
     if source.path:
         shutil.copytree(recipes_dir / source.path, dest, ignore=_IGNORED)
     elif source.url:
-        archive = _download(source.url, source.sha256 or "", recipe_path(recipes_dir, recipe.name), f"versions.{recipe.version}.source.sha256", logger)
+        archive = _download(
+            source.url,
+            source.sha256 or "",
+            recipe_path(recipes_dir, recipe.name),
+            f"versions.{recipe.version}.source.sha256",
+            logger,
+        )
         _unpack(archive, dest)
     else:
         dest.mkdir(parents=True)
         git = ["git", "-C", str(dest)]
         run([*git, "init", "-q"], log_file=log_file, logger=logger)
-        run([*git, "fetch", "-q", "--depth", "1", source.git or "", source.commit or ""], log_file=log_file, logger=logger)
+        run(
+            [*git, "fetch", "-q", "--depth", "1", source.git or "", source.commit or ""],
+            log_file=log_file,
+            logger=logger,
+        )
         run([*git, "checkout", "-q", "FETCH_HEAD"], log_file=log_file, logger=logger)
         if source.submodules:
-            run([*git, "submodule", "update", "-q", "--init", "--recursive", "--depth", "1"], log_file=log_file, logger=logger)
+            run(
+                [*git, "submodule", "update", "-q", "--init", "--recursive", "--depth", "1"],
+                log_file=log_file,
+                logger=logger,
+            )
     # Patches are made against the top of the source (``git diff`` style, -p1), before any subdir.
     for patch in recipe.patches:
-        run(["git", "apply", "-p1", "--whitespace=nowarn", recipes_dir / patch], cwd=dest, log_file=log_file, logger=logger)
+        run(
+            ["git", "apply", "-p1", "--whitespace=nowarn", recipes_dir / patch],
+            cwd=dest,
+            log_file=log_file,
+            logger=logger,
+        )
     root = dest / source.subdir if source.subdir else dest
     if not root.is_dir():
-        raise ConfigError(recipe_path(recipes_dir, recipe.name), f"versions.{recipe.version}.source.subdir", f"{source.subdir!r} is not a folder of the source")
+        raise ConfigError(
+            recipe_path(recipes_dir, recipe.name),
+            f"versions.{recipe.version}.source.subdir",
+            f"{source.subdir!r} is not a folder of the source",
+        )
     return root
 
 
 def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.LoggerAdapter) -> list[Path]:
     """The recipe's build wheels, downloaded once into the cache and hash-checked, under their own file names."""
     return [
-        _download(wheel.url, wheel.sha256, recipe_path(recipes_dir, recipe.name), f"build.wheels[{index}].sha256", logger,
-                  target=cache_dir() / "wheels" / wheel.sha256 / wheel.filename)
+        _download(
+            wheel.url,
+            wheel.sha256,
+            recipe_path(recipes_dir, recipe.name),
+            f"build.wheels[{index}].sha256",
+            logger,
+            target=cache_dir() / "wheels" / wheel.sha256 / wheel.filename,
+        )
         for index, wheel in enumerate(recipe.build.wheels)
     ]
 
 
-def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter, *, target: Path | None = None) -> Path:
+def _download(
+    url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter, *, target: Path | None = None
+) -> Path:
     """Download once into the cache, keyed by the expected hash; a mismatch deletes the file.
 
     The download is written under a temporary name and renamed only once its hash matches; an
@@ -78,10 +111,17 @@ def _download(url: str, sha256: str, recipe_file: Path, field: str, logger: logg
                 with urllib.request.urlopen(url, timeout=60) as response:
                     shutil.copyfileobj(response, partial)
             except (OSError, ValueError, http.client.HTTPException) as exc:
-                raise RocwheelsError(f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache") from None
+                raise RocwheelsError(
+                    f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache"
+                ) from None
         digest = file_sha256(Path(partial.name))
         if digest != sha256:
-            raise ConfigError(recipe_file, field, f"{url} has sha256 {digest}, the recipe expects {sha256}", fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed")
+            raise ConfigError(
+                recipe_file,
+                field,
+                f"{url} has sha256 {digest}, the recipe expects {sha256}",
+                fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed",
+            )
         os.replace(partial.name, target)
     except BaseException:
         Path(partial.name).unlink(missing_ok=True)

@@ -16,10 +16,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from pipeline.util.cmd import run
-from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.config.lock import LockFile
 from pipeline.config.recipes import LOCK_FILE, RecipeFile
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.util.cmd import run
 
 FOLDER = "constraints"
 _HEADER = "# rocwheels-inputs: sha256="
@@ -61,8 +61,23 @@ def compile_constraints(recipes: dict[str, RecipeFile], lock_file: LockFile, lin
         inputs = Path(scratch) / "requirements.in"
         inputs.write_text("\n".join(requirements) + "\n")
         resolved = Path(scratch) / "resolved.txt"
-        run([_uv(), "pip", "compile", "--quiet", "--no-header", "--no-annotate", "--generate-hashes", "--universal",
-             "--python-version", lowest, inputs, "-o", resolved])
+        run(
+            [
+                _uv(),
+                "pip",
+                "compile",
+                "--quiet",
+                "--no-header",
+                "--no-annotate",
+                "--generate-hashes",
+                "--universal",
+                "--python-version",
+                lowest,
+                inputs,
+                "-o",
+                resolved,
+            ]
+        )
         partial = Path(scratch) / "constraints.txt"
         partial.write_text(
             f"{_HEADER}{_input_digest(requirements, line.python)}\n"
@@ -80,13 +95,21 @@ def check_constraints(recipes: dict[str, RecipeFile], lock_file: LockFile, line_
     path = constraints_path(lock_file.path.parent, line_name)
     field = f"lines.{line_name}"
     if not path.is_file():
-        raise ConfigError(lock_file.path.parent / LOCK_FILE, field, f"has no build-environment lock ({path})",
-                          fix=f"run: {refresh_command(line_name)}  (resolves the line's build requirements with hashes)")
+        raise ConfigError(
+            lock_file.path.parent / LOCK_FILE,
+            field,
+            f"has no build-environment lock ({path})",
+            fix=f"run: {refresh_command(line_name)}  (resolves the line's build requirements with hashes)",
+        )
     expected = _input_digest(line_requirements(recipes, lock_file, line_name), lock_file.line(line_name).python)
     first = path.read_text(encoding="utf-8").partition("\n")[0]
     if first != f"{_HEADER}{expected}":
-        raise ConfigError(lock_file.path.parent / LOCK_FILE, field, f"{path} is stale: the line's recipes or Pythons changed since it was resolved",
-                          fix=f"run: {refresh_command(line_name)}  (and commit the new file)")
+        raise ConfigError(
+            lock_file.path.parent / LOCK_FILE,
+            field,
+            f"{path} is stale: the line's recipes or Pythons changed since it was resolved",
+            fix=f"run: {refresh_command(line_name)}  (and commit the new file)",
+        )
     return path
 
 
@@ -94,5 +117,7 @@ def _uv() -> str:
     try:
         from uv import find_uv_bin
     except ImportError:
-        raise RocwheelsError("uv is not installed (rocwheels resolves build environments with it)", fix="pip install uv") from None
+        raise RocwheelsError(
+            "uv is not installed (rocwheels resolves build environments with it)", fix="pip install uv"
+        ) from None
     return find_uv_bin()

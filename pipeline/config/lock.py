@@ -18,10 +18,10 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import AfterValidator, field_validator, model_validator
 
-from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.config.models import Model, read_toml, validate
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, recipe_path
 from pipeline.config.targets import known_processor_list
+from pipeline.errors import ConfigError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
 
@@ -51,9 +51,13 @@ class RocmWheels(Model):
             try:
                 parsed = Requirement(requirement)
             except InvalidRequirement:
-                raise ValueError(f'{requirement!r} is not a pip requirement such as "rocm[libraries]==10.0.*"') from None
+                raise ValueError(
+                    f'{requirement!r} is not a pip requirement such as "rocm[libraries]==10.0.*"'
+                ) from None
             if not parsed.specifier:
-                raise ValueError(f'{requirement!r} has no version: pin it, e.g. "{parsed.name}==10.0.*" (an unpinned ROCm moves under the wheels)')
+                raise ValueError(
+                    f'{requirement!r} has no version: pin it, e.g. "{parsed.name}==10.0.*" (an unpinned ROCm moves under the wheels)'
+                )
         return requirements
 
     @field_validator("index_url")
@@ -94,13 +98,21 @@ class Line(Model):
         # An unpinned registry image is tolerated only when the lock says so (the tool then warns,
         # and the container driver refuses it until it is pinned).
         if not (self.pinned or _is_unverified(self.image_source)):
-            raise ValueError(f"builder_image: {self.builder_image!r} is not pinned: append @sha256:<64 hex digits> (a tag can move), or say image_source = \"unverified: ...\"")
+            raise ValueError(
+                f'builder_image: {self.builder_image!r} is not pinned: append @sha256:<64 hex digits> (a tag can move), or say image_source = "unverified: ..."'
+            )
         if self.rocm_provider == "wheels" and self.rocm_wheels is None:
-            raise ValueError('rocm_wheels: rocm_provider = "wheels" needs a rocm_wheels table (build, requires, index_url, source)')
+            raise ValueError(
+                'rocm_wheels: rocm_provider = "wheels" needs a rocm_wheels table (build, requires, index_url, source)'
+            )
         if self.rocm_provider == "system" and self.rocm_wheels is not None:
-            raise ValueError('rocm_provider: a rocm_wheels table is given but rocm_provider is "system": set rocm_provider = "wheels" or drop the table')
+            raise ValueError(
+                'rocm_provider: a rocm_wheels table is given but rocm_provider is "system": set rocm_provider = "wheels" or drop the table'
+            )
         if self.rocm_provider == "wheels" and self.rocm_lib_dir is not None:
-            raise ValueError("rocm_lib_dir: a wheels line finds ROCm in its pip packages, not in a folder of the machine: remove rocm_lib_dir")
+            raise ValueError(
+                "rocm_lib_dir: a wheels line finds ROCm in its pip packages, not in a folder of the machine: remove rocm_lib_dir"
+            )
         return self
 
     @property
@@ -112,7 +124,7 @@ class Line(Model):
     def _pythons(cls, pythons: tuple[str, ...]) -> tuple[str, ...]:
         bad = [p for p in pythons if not re.fullmatch(r"3\.\d+", p)]
         if bad or not pythons:
-            raise ValueError(f"Python versions are written like \"3.11\" (got {list(pythons)})")
+            raise ValueError(f'Python versions are written like "3.11" (got {list(pythons)})')
         return pythons
 
     @property
@@ -166,7 +178,9 @@ class Lock(Model):
     @classmethod
     def _known_schema(cls, schema: int) -> int:
         if schema != SCHEMA_VERSION:
-            raise ValueError(f"this rocwheels reads lock schema {SCHEMA_VERSION}, not {schema}: upgrade rocwheels or write schema_version = {SCHEMA_VERSION}")
+            raise ValueError(
+                f"this rocwheels reads lock schema {SCHEMA_VERSION}, not {schema}: upgrade rocwheels or write schema_version = {SCHEMA_VERSION}"
+            )
         return schema
 
 
@@ -177,7 +191,9 @@ class LockFile:
 
     def line(self, name: str) -> Line:
         if name not in self.lock.lines:
-            raise ConfigError(self.path, "lines", f"no ROCm line named {name!r}", fix=f"use one of: {', '.join(self.lock.lines)}")
+            raise ConfigError(
+                self.path, "lines", f"no ROCm line named {name!r}", fix=f"use one of: {', '.join(self.lock.lines)}"
+            )
         return self.lock.lines[name]
 
 
@@ -189,7 +205,7 @@ def _specifier(spec: str) -> SpecifierSet:
     try:
         return SpecifierSet(spec)
     except InvalidSpecifier:
-        raise ValueError(f"{spec!r} is not a version specifier such as \"==2.5.*\" or \">=6.1,<6.3\"") from None
+        raise ValueError(f'{spec!r} is not a version specifier such as "==2.5.*" or ">=6.1,<6.3"') from None
 
 
 def load_lock(recipes_dir: Path) -> LockFile:
@@ -202,7 +218,9 @@ def check_lock(lock_file: LockFile, recipes: dict[str, RecipeFile], *, warn_for:
     (of every line, or only of line ``warn_for`` and the rules it uses)."""
     path, lock = lock_file.path, lock_file.lock
     if lock.default_line not in lock.lines:
-        raise ConfigError(path, "default_line", f"{lock.default_line!r} is not a line", fix=f"use one of: {', '.join(lock.lines)}")
+        raise ConfigError(
+            path, "default_line", f"{lock.default_line!r} is not a line", fix=f"use one of: {', '.join(lock.lines)}"
+        )
     warnings = []
     used_rules: set[int] = set()
     for name, line in lock.lines.items():
@@ -213,7 +231,11 @@ def check_lock(lock_file: LockFile, recipes: dict[str, RecipeFile], *, warn_for:
             continue
         used_rules.update(matched)
         if _is_unverified(line.image_source):
-            pin = "" if line.pinned else f"; not pinned by digest: the container driver refuses it until `rocwheels lock pin --rocm {name}` pins it"
+            pin = (
+                ""
+                if line.pinned
+                else f"; not pinned by digest: the container driver refuses it until `rocwheels lock pin --rocm {name}` pins it"
+            )
             warnings.append(f"{path}: {where}.builder_image is unverified ({line.image_source}){pin}")
         if _is_unverified(line.targets_source):
             warnings.append(f"{path}: {where}.targets is unverified ({line.targets_source})")
@@ -231,11 +253,20 @@ def _check_line_recipes(path: Path, where: str, line: Line, recipes: dict[str, R
             raise ConfigError(path, field, "no recipe of that name", fix=f"known recipes: {', '.join(recipes)}")
         if version not in recipe.versions:
             recipe_file = recipe_path(path.parent, package)
-            raise ConfigError(path, field, f"{version} is not described in {recipe_file}",
-                              fix=f'add [versions."{version}"] with its source to {recipe_file}, or pin one of: {", ".join(recipe.versions)}')
+            raise ConfigError(
+                path,
+                field,
+                f"{version} is not described in {recipe_file}",
+                fix=f'add [versions."{version}"] with its source to {recipe_file}, or pin one of: {", ".join(recipe.versions)}',
+            )
         for dep in recipe.depends_on:
             if dep not in line.versions:
-                raise ConfigError(path, field, f"{package} depends on {dep}, which this line does not pin", fix=f"add {dep} to [{where}.versions]")
+                raise ConfigError(
+                    path,
+                    field,
+                    f"{package} depends on {dep}, which this line does not pin",
+                    fix=f"add {dep} to [{where}.versions]",
+                )
 
 
 def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) -> set[int]:
@@ -250,16 +281,27 @@ def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) ->
         applied.update(rules.index(r) for r in matching)
         if not matching:
             known = "; ".join(r.versions for r in own_rules)
-            raise ConfigError(path, f"{where}.versions.{package}", f"no compatibility rule covers {package} {version}", fix=f"pin a version the rules know ({known}) or add a rule with its source")
+            raise ConfigError(
+                path,
+                f"{where}.versions.{package}",
+                f"no compatibility rule covers {package} {version}",
+                fix=f"pin a version the rules know ({known}) or add a rule with its source",
+            )
         for rule in matching:
             for other, spec in rule.requires.items():
                 other_field = f"{where}.rocm" if other == "rocm" else f"{where}.versions.{other}"
                 have = pinned.get(other)
                 if have is None:
-                    raise ConfigError(path, f"{where}.versions", f"{package} {version} requires {other} {spec}, which this line does not pin", fix=f"add {other} to the line")
+                    raise ConfigError(
+                        path,
+                        f"{where}.versions",
+                        f"{package} {version} requires {other} {spec}, which this line does not pin",
+                        fix=f"add {other} to the line",
+                    )
                 if Version(have) not in SpecifierSet(spec):
                     raise ConfigError(
-                        path, f"{where}.versions.{package}",
+                        path,
+                        f"{where}.versions.{package}",
                         f"{package} {version} requires {other} {spec}, but {other_field} = {have}",
                         fix=f"allowed {other} for {package} {rule.versions}: {spec} (source: {rule.source})",
                     )
@@ -277,7 +319,7 @@ def select_line(lock_file: LockFile, name: str | None, host_rocm: str | None = N
                 return line_name, line
         raise RocwheelsError(
             f"no line in {lock_file.path} is for this host's ROCm {host_rocm}",
-            fix=f"add a line with rocm = \"{host_rocm}\", or build in the container (DRIVER=container ROCM=<line>); lines: "
+            fix=f'add a line with rocm = "{host_rocm}", or build in the container (DRIVER=container ROCM=<line>); lines: '
             + ", ".join(f"{n} (ROCm {l.rocm})" for n, l in lock_file.lock.lines.items()),
         )
     return lock_file.lock.default_line, lock_file.line(lock_file.lock.default_line)

@@ -7,10 +7,10 @@ Models are frozen pydantic models that reject unknown keys; a validation failure
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.errors import ConfigError
@@ -27,12 +27,20 @@ def read_toml(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(path, "", "file not found",
-                          fix="run rocwheels in the project folder, or point --recipes-dir (ROCWHEELS_RECIPES) at its recipes") from None
+        raise ConfigError(
+            path,
+            "",
+            "file not found",
+            fix="run rocwheels in the project folder, or point --recipes-dir (ROCWHEELS_RECIPES) at its recipes",
+        ) from None
     except IsADirectoryError:
-        raise ConfigError(path, "", "is a folder, not a TOML file", fix=f"remove or rename the folder {path.name}") from None
+        raise ConfigError(
+            path, "", "is a folder, not a TOML file", fix=f"remove or rename the folder {path.name}"
+        ) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(path, "", f"not UTF-8 text (byte {exc.start}: {exc.reason})", fix="save the file as UTF-8") from None
+        raise ConfigError(
+            path, "", f"not UTF-8 text (byte {exc.start}: {exc.reason})", fix="save the file as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(path, "", f"cannot be read: {exc.strerror}", fix="check the file's permissions") from None
     except tomllib.TOMLDecodeError as exc:
@@ -62,7 +70,9 @@ def validate(model: type[M], data: dict[str, Any], path: Path) -> M:
             if sub:
                 field = ".".join(filter(None, [field, sub.group(1)]))
                 message = sub.group(2)
-        raise ConfigError(path, field, message, fix=f"correct {field or 'the file'}; recipes/README.md describes every key") from None
+        raise ConfigError(
+            path, field, message, fix=f"correct {field or 'the file'}; recipes/README.md describes every key"
+        ) from None
 
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:

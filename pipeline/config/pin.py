@@ -18,17 +18,17 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import tomlkit
 
-from pipeline.util.cmd import run
 from pipeline.build.engine import Engine, _last_line
-from pipeline.errors import RocwheelsError
 from pipeline.build.image import LOCAL_PREFIX
 from pipeline.config.lock import UNVERIFIED, Lock, load_lock, select_line
 from pipeline.config.models import validate
+from pipeline.errors import RocwheelsError
+from pipeline.util.cmd import run
 
 log = logging.getLogger("rocwheels")
 
@@ -78,8 +78,9 @@ class PinResult:
     status: str  # "pinned", "unchanged", "already pinned", "built locally"
 
 
-def pin_line(recipes_dir: Path, line_name: str | None, engine_factory: Callable[[], Engine], *,
-             refresh: bool = False) -> PinResult:
+def pin_line(
+    recipes_dir: Path, line_name: str | None, engine_factory: Callable[[], Engine], *, refresh: bool = False
+) -> PinResult:
     """Pin the builder image of ``line_name`` (default: the lock's default line) in the lock.
 
     An image already pinned is left alone unless ``refresh`` (then its tag is pulled again).
@@ -94,14 +95,16 @@ def pin_line(recipes_dir: Path, line_name: str | None, engine_factory: Callable[
     if ref.digest and not refresh:
         return PinResult(name, line.builder_image, "already pinned")
     if ref.digest and ref.tag is None:
-        raise RocwheelsError(f"{lock_file.path}: lines.{name}.builder_image {line.builder_image} names no tag to pull again",
-                             fix=f"write it as name:tag@sha256:... to follow a tag, then run `rocwheels lock pin --rocm {name} --refresh`")
+        raise RocwheelsError(
+            f"{lock_file.path}: lines.{name}.builder_image {line.builder_image} names no tag to pull again",
+            fix=f"write it as name:tag@sha256:... to follow a tag, then run `rocwheels lock pin --rocm {name} --refresh`",
+        )
     engine: Engine = engine_factory()
     digest = pulled_digest(engine, ref, lock_file.path, name)
     image = ref.pinned(digest)
     if image == line.builder_image:
         return PinResult(name, image, "unchanged")
-    source = f"{PIN_NOTE} on {datetime.now(timezone.utc).date().isoformat()} from {ref.registry} (tag {ref.by_tag})"
+    source = f"{PIN_NOTE} on {datetime.now(UTC).date().isoformat()} from {ref.registry} (tag {ref.by_tag})"
     earlier = _earlier_source(line.image_source)
     write_pin(lock_file.path, name, image, source + (_EARLIER + earlier if earlier else ""))
     return PinResult(name, image, "pinned")
@@ -121,7 +124,7 @@ def pulled_digest(engine: Engine, ref: ImageRef, lock_path: Path, line_name: str
         raise RocwheelsError(
             f"could not pull {ref.by_tag} from {ref.registry} ({engine.name} pull: {detail})",
             fix=f"make {ref.registry} reachable (network, proxy, `{engine.name} login {ref.registry}` for a private "
-                f"registry, its TLS settings in registries.conf), {fix_again}",
+            f"registry, its TLS settings in registries.conf), {fix_again}",
         )
     # An image stored before (built here, or pulled under another name) may carry digests of
     # manifests this registry never saw: the pin is the first one it serves back.
@@ -139,7 +142,9 @@ def _repo_digests(engine: Engine, ref: ImageRef) -> list[str]:
     ``.Digest`` first (the image's primary manifest: usually, not always, the one just pulled)."""
 
     def inspect(template: str) -> str:
-        return run(engine.command("image", "inspect", "--format", template, ref.by_tag), env=engine.env, quiet=True).output.strip()
+        return run(
+            engine.command("image", "inspect", "--format", template, ref.by_tag), env=engine.env, quiet=True
+        ).output.strip()
 
     wanted = _short_name(ref.repository)
     digests = []
@@ -164,7 +169,7 @@ def _earlier_source(source: str) -> str:
         return source.partition(_EARLIER)[2]
     text = source.strip()
     if text.lower().startswith(UNVERIFIED):
-        text = text[len(UNVERIFIED):].lstrip(" :")
+        text = text[len(UNVERIFIED) :].lstrip(" :")
     return "; ".join(part for part in text.split("; ") if "rocwheels lock pin" not in part)
 
 

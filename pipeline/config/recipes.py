@@ -12,10 +12,10 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, StrictBool, field_validator, model_validator
 
-from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.config.models import Model, read_toml, validate
-from pipeline.repair.policy import LinkPackage
 from pipeline.config.targets import known_processor_list
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.repair.policy import LinkPackage
 
 # What ``{...}`` in a recipe's env and pre-build commands may refer to; filled in by the plan.
 PLACEHOLDERS = {
@@ -56,11 +56,15 @@ class Source(Model):
         if len(kinds) != 1:
             raise ValueError(f"path: give exactly one of path, url, git (got: {', '.join(kinds) or 'none'})")
         if self.url and urlsplit(self.url).scheme not in URL_SCHEMES:
-            raise ValueError(f"url: {self.url!r} has no scheme rocwheels downloads; write the full address ({' or '.join(URL_SCHEMES)}://...)")
+            raise ValueError(
+                f"url: {self.url!r} has no scheme rocwheels downloads; write the full address ({' or '.join(URL_SCHEMES)}://...)"
+            )
         if self.url and not re.fullmatch(r"[0-9a-f]{64}", self.sha256 or ""):
             raise ValueError("sha256: a url source needs sha256 = 64 lowercase hex digits (sha256sum of the archive)")
         if self.git and not re.fullmatch(r"[0-9a-f]{40}", self.commit or ""):
-            raise ValueError("commit: a git source needs commit = the full 40-hex commit id (a tag or short id can move)")
+            raise ValueError(
+                "commit: a git source needs commit = the full 40-hex commit id (a tag or short id can move)"
+            )
         if self.sha256 and not self.url:
             raise ValueError("sha256: belongs to a url source")
         if self.commit and not self.git:
@@ -84,7 +88,9 @@ class BuildWheel(Model):
         try:
             parse_wheel_filename(self.filename)
         except InvalidWheelFilename:
-            raise ValueError(f"url: {self.filename!r} is not a wheel file name (name-version-python-abi-platform.whl)") from None
+            raise ValueError(
+                f"url: {self.filename!r} is not a wheel file name (name-version-python-abi-platform.whl)"
+            ) from None
         return self
 
     @property
@@ -110,7 +116,9 @@ class Build(Model):
     @model_validator(mode="after")
     def _wheels_need_the_outer_environment(self) -> Build:
         if self.wheels and self.isolation:
-            raise ValueError("wheels: build wheels go into the build environment, which an isolated build does not see: set isolation = false")
+            raise ValueError(
+                "wheels: build wheels go into the build environment, which an isolated build does not see: set isolation = false"
+            )
         return self
 
 
@@ -189,7 +197,9 @@ class Release(Model):
     local_version: Label | None = None  # overrides the recipe's local_version
     env: EnvTable = {}  # added to, or overriding, the recipe's [env]
     requires: tuple[str, ...] = ()  # build requirements of this version, on top of [build] requires
-    targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)] | None = None  # overrides [targets] supported
+    targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)] | None = (
+        None  # overrides [targets] supported
+    )
 
 
 class RecipeFile(Model):
@@ -222,7 +232,9 @@ class RecipeFile(Model):
             except InvalidVersion:
                 raise ValueError(f"{version}: not a PEP 440 version") from None
             if parsed.local:
-                raise ValueError(f"{version}: leave out the local part (+rocm...): rocwheels adds it from the lock line")
+                raise ValueError(
+                    f"{version}: leave out the local part (+rocm...): rocwheels adds it from the lock line"
+                )
         return versions
 
     @field_validator("build")
@@ -242,13 +254,21 @@ class RecipeFile(Model):
         release = self.versions[version]
         patches = patches_dir(recipes_dir, self.name, version)
         return Recipe(
-            name=self.name, version=version, distribution=self.distribution, local_version=release.local_version or self.local_version,
-            description=self.description, source=release.source,
+            name=self.name,
+            version=version,
+            distribution=self.distribution,
+            local_version=release.local_version or self.local_version,
+            description=self.description,
+            source=release.source,
             build=self.build.model_copy(update={"requires": (*self.build.requires, *release.requires)}),
             env={**self.env, **release.env},
             targets=self.targets.model_copy(update={"supported": release.targets}) if release.targets else self.targets,
-            depends_on=self.depends_on, repair=self.repair, smoke=self.smoke,
-            patches=tuple(sorted(str(p.relative_to(recipes_dir)) for p in patches.glob("*.patch"))) if patches.is_dir() else (),
+            depends_on=self.depends_on,
+            repair=self.repair,
+            smoke=self.smoke,
+            patches=tuple(sorted(str(p.relative_to(recipes_dir)) for p in patches.glob("*.patch")))
+            if patches.is_dir()
+            else (),
         )
 
 
@@ -281,7 +301,9 @@ def _check_placeholders(text: str, where: str, allowed: tuple[str, ...] = tuple(
     for _, field, _, _ in string.Formatter().parse(text):
         if field is not None and field not in allowed:
             known = ", ".join("{" + p + "}" for p in allowed)
-            raise ValueError(f"{prefix}unknown placeholder {{{field}}}; known: {known} (write {{{{ }}}} for a literal brace)")
+            raise ValueError(
+                f"{prefix}unknown placeholder {{{field}}}; known: {known} (write {{{{ }}}} for a literal brace)"
+            )
 
 
 def recipe_path(recipes_dir: Path, name: str) -> Path:
@@ -296,13 +318,22 @@ def patches_dir(recipes_dir: Path, name: str, version: str) -> Path:
 def load_recipe(path: Path) -> RecipeFile:
     recipe = validate(RecipeFile, read_toml(path), path)
     if recipe.name != path.stem:
-        raise ConfigError(path, "name", f"is {recipe.name!r} but the file is {path.name}", fix=f"rename the file to {recipe.name}.toml or set name = {path.stem!r}")
+        raise ConfigError(
+            path,
+            "name",
+            f"is {recipe.name!r} but the file is {path.name}",
+            fix=f"rename the file to {recipe.name}.toml or set name = {path.stem!r}",
+        )
     if not _NAME.match(recipe.name):
         raise ConfigError(path, "name", "use lowercase letters, digits and '-'")
     for version, release in recipe.versions.items():
         if release.source.path and not (path.parent / release.source.path).is_dir():
-            raise ConfigError(path, f"versions.{version}.source.path", f"folder {path.parent / release.source.path} does not exist",
-                              fix="give a folder relative to the recipes folder, or create it")
+            raise ConfigError(
+                path,
+                f"versions.{version}.source.path",
+                f"folder {path.parent / release.source.path} does not exist",
+                fix="give a folder relative to the recipes folder, or create it",
+            )
     return recipe
 
 
@@ -314,12 +345,20 @@ def load_recipes(recipes_dir: Path) -> dict[str, RecipeFile]:
     for recipe in recipes.values():
         for dep in recipe.depends_on:
             if dep not in recipes:
-                raise ConfigError(recipe_path(recipes_dir, recipe.name), "depends_on", f"unknown recipe {dep!r}", fix=f"known recipes: {', '.join(recipes)}")
+                raise ConfigError(
+                    recipe_path(recipes_dir, recipe.name),
+                    "depends_on",
+                    f"unknown recipe {dep!r}",
+                    fix=f"known recipes: {', '.join(recipes)}",
+                )
         other = makers.setdefault(recipe.dist_name, recipe.name)
         if other != recipe.name:
-            raise ConfigError(recipe_path(recipes_dir, recipe.name), "distribution",
-                              f"makes {recipe.dist_name} wheels, as recipes/{other}.toml does",
-                              fix="one recipe per distribution: merge the two, or set another distribution")
+            raise ConfigError(
+                recipe_path(recipes_dir, recipe.name),
+                "distribution",
+                f"makes {recipe.dist_name} wheels, as recipes/{other}.toml does",
+                fix="one recipe per distribution: merge the two, or set another distribution",
+            )
     _check_acyclic(recipes, recipes_dir)
     return recipes
 
@@ -329,8 +368,13 @@ def _check_acyclic(recipes: dict[str, RecipeFile], recipes_dir: Path) -> None:
 
     def visit(name: str, path: tuple[str, ...]) -> None:
         if name in path:
-            cycle = " -> ".join([*path[path.index(name):], name])
-            raise ConfigError(recipe_path(recipes_dir, name), "depends_on", f"dependency cycle: {cycle}", fix="remove one of these depends_on entries")
+            cycle = " -> ".join([*path[path.index(name) :], name])
+            raise ConfigError(
+                recipe_path(recipes_dir, name),
+                "depends_on",
+                f"dependency cycle: {cycle}",
+                fix="remove one of these depends_on entries",
+            )
         if name in done:
             return
         for dep in recipes[name].depends_on:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from pipeline.config.lock import Line
+from pipeline.errors import RocwheelsError
+from pipeline.repair.policy import rocm_patterns
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import ElfError, read_elf
-from pipeline.errors import RocwheelsError
-from pipeline.config.lock import Line
-from pipeline.repair.policy import rocm_patterns
 
 # The library folders of TheRock's packages, relative to site-packages, in the order PyTorch's
 # own repair lists them for its TheRock wheels (pytorch/pytorch@029219f47bcecd868b41b0966f6c23c55909da8c
@@ -71,12 +71,18 @@ def rocm_sdk_env(rocm_sdk: Path | str, path: str, *, log_file: Path | None = Non
     """The build environment the installed ROCm packages describe (``rocm-sdk path``): ROCM_PATH,
     ROCM_HOME and HIP_PATH the root (the devel package, as vLLM 0.34.0's docker/Dockerfile.rocm_base
     sets them), CMAKE_PREFIX_PATH its CMake folder, its bin first on PATH."""
+
     def ask(option: str) -> str:
         return run([rocm_sdk, "path", option], log_file=log_file, quiet=True).output.strip()
 
     root = ask("--root")
-    return {"ROCM_PATH": root, "ROCM_HOME": root, "HIP_PATH": root, "CMAKE_PREFIX_PATH": ask("--cmake"),
-            "PATH": f"{ask('--bin')}:{path}"}
+    return {
+        "ROCM_PATH": root,
+        "ROCM_HOME": root,
+        "HIP_PATH": root,
+        "CMAKE_PREFIX_PATH": ask("--cmake"),
+        "PATH": f"{ask('--bin')}:{path}",
+    }
 
 
 def constraint_pins(line: Line) -> tuple[str, ...]:
@@ -85,22 +91,46 @@ def constraint_pins(line: Line) -> tuple[str, ...]:
     return tuple(f"{r.name}{r.specifier}" for r in requirements)
 
 
-def mirror(line_name: str, line: Line, dest: Path, *, with_build: bool = False, log_file: Path | None = None) -> tuple[Path, ...]:
+def mirror(
+    line_name: str, line: Line, dest: Path, *, with_build: bool = False, log_file: Path | None = None
+) -> tuple[Path, ...]:
     """Download the wheels of ``line``'s ROCm packages (and what they pull in) from its index into
     ``dest`` - the folder a private index serves (``rocwheels serve --packages``) - and return the
     new files. ``with_build`` adds the builder's packages (the devel extra) too."""
     if line.rocm_wheels is None:
-        raise RocwheelsError(f"line {line_name} takes ROCm from the machine (rocm_provider = \"system\"): there are no ROCm wheels to mirror",
-                             fix="pick a line with rocm_provider = \"wheels\" (rocwheels lock check lists the lines)")
+        raise RocwheelsError(
+            f'line {line_name} takes ROCm from the machine (rocm_provider = "system"): there are no ROCm wheels to mirror',
+            fix='pick a line with rocm_provider = "wheels" (rocwheels lock check lists the lines)',
+        )
     requirements = (*line.rocm_wheels.requires, *(line.rocm_wheels.build if with_build else ()))
     dest.mkdir(parents=True, exist_ok=True)
     before = set(dest.glob("*.whl"))
     # Into a scratch folder first, so a failed download leaves nothing half-written in dest.
     with tempfile.TemporaryDirectory(prefix=".rocwheels-mirror-", dir=dest) as scratch:
         for python in line.python:
-            target = ["--python-version", python, "--only-binary", ":all:", *(["--platform", line.platform] if line.platform else [])]
-            run([sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--dest", scratch,
-                 "--index-url", line.rocm_wheels.index_url, *target, *requirements], log_file=log_file)
+            target = [
+                "--python-version",
+                python,
+                "--only-binary",
+                ":all:",
+                *(["--platform", line.platform] if line.platform else []),
+            ]
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "--disable-pip-version-check",
+                    "--dest",
+                    scratch,
+                    "--index-url",
+                    line.rocm_wheels.index_url,
+                    *target,
+                    *requirements,
+                ],
+                log_file=log_file,
+            )
         for wheel in Path(scratch).glob("*.whl"):
             wheel.replace(dest / wheel.name)
     return tuple(sorted(set(dest.glob("*.whl")) - before))
@@ -115,8 +145,11 @@ def loaded_from_packages_check(sonames: Iterable[str], imports: Iterable[str]) -
     """Python code, run in the venv the wheel was installed into: every ROCm library the wheel
     needs exists in the installed ROCm packages, and those the imports load come from there
     (``/proc/self/maps``), not from a ROCm of the machine."""
-    return _CHECK.format(sonames=json.dumps(sorted(set(sonames))), folders=json.dumps(LIBRARY_FOLDERS),
-                         imports="; ".join(f"import {name}" for name in imports) or "pass")
+    return _CHECK.format(
+        sonames=json.dumps(sorted(set(sonames))),
+        folders=json.dumps(LIBRARY_FOLDERS),
+        imports="; ".join(f"import {name}" for name in imports) or "pass",
+    )
 
 
 # Kept as a template: it runs in the smoke venv, whose Python need not be rocwheels'.
@@ -141,7 +174,9 @@ def torch_provider(search_path: Sequence[str]) -> tuple[str, str] | None:
     """Where the first ``torch`` package on ``search_path`` (``sys.path``) takes ROCm from:
     ``(provider, detail)`` with provider ``wheels``, ``system``, ``bundled`` or ``none``; None
     when no torch is installed there. Reads the RPATHs of torch's libraries; never imports torch."""
-    torch = next((Path(entry) / "torch" for entry in search_path if (Path(entry) / "torch" / "__init__.py").is_file()), None)
+    torch = next(
+        (Path(entry) / "torch" for entry in search_path if (Path(entry) / "torch" / "__init__.py").is_file()), None
+    )
     if torch is None:
         return None
     for library in sorted((*torch.glob("_C*.so"), *(torch / "lib").glob("*.so*"))):
@@ -159,7 +194,10 @@ def torch_provider(search_path: Sequence[str]) -> tuple[str, str] | None:
                 continue
             relative = _relative_to(folder, torch.parent)
             if relative is not None and package_of(relative) is not None:
-                return "wheels", f"{hip} from {package_of(relative)} ({folder}){_package_version(torch.parent, package_of(relative))}"
+                return (
+                    "wheels",
+                    f"{hip} from {package_of(relative)} ({folder}){_package_version(torch.parent, package_of(relative))}",
+                )
             if folder == torch / "lib":
                 return "bundled", f"{hip} inside torch/lib (PyTorch's own ROCm wheels carry their ROCm)"
             return "system", f"{hip} from {folder}"

@@ -9,12 +9,11 @@ recipe supports.
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-
-import tomllib
 
 from pipeline.errors import InputError
 

@@ -7,7 +7,6 @@ another, so each line gets its own index tree (``simple/rocm6.2/``) and its own 
 from __future__ import annotations
 
 import html
-from html.parser import HTMLParser
 import logging
 import os
 import shutil
@@ -15,16 +14,17 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote
 
 from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
+from pipeline.build.sources import file_sha256
 from pipeline.errors import RocwheelsError
 from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, PARTIAL_SUFFIX
 from pipeline.verify.provenance import Provenance, record_path
-from pipeline.build.sources import file_sha256
 from pipeline.wheel.archive import check_wheel
 
 log = logging.getLogger("rocwheels")
@@ -61,7 +61,8 @@ def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:
         except InvalidWheelFilename as exc:
             raise RocwheelsError(
                 f"{path}: not a valid wheel file name ({exc})",
-                fix="remove or rename the file; only verified wheels belong in the wheelhouse") from None
+                fix="remove or rename the file; only verified wheels belong in the wheelhouse",
+            ) from None
         # Member hashes were checked by verify; the sha256 against the record below covers every byte since.
         check_wheel(path, verify_hashes=False)
         wheel = WheelFile(path, project, version, file_sha256(path))
@@ -76,7 +77,8 @@ def _check_provenance(wheel: WheelFile) -> None:
         raise RocwheelsError(
             f"{wheel.path}: its sha256 {wheel.sha256} is not the one verify accepted ({record.name}): "
             "the file changed after it was verified",
-            fix=f"remove {wheel.path.name} and {record.name} and build it again (rocwheels wheels ... --force)")
+            fix=f"remove {wheel.path.name} and {record.name} and build it again (rocwheels wheels ... --force)",
+        )
 
 
 def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) -> dict[str, tuple[WheelFile, ...]]:
@@ -89,13 +91,16 @@ def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) 
     lines: dict[str, list[WheelFile]] = defaultdict(list)
     for wheel in scan_wheels(wheelhouse):
         if wheel.label is None:
-            log.warning("%s: no +rocmX.Y local version label, left out of the per-line index and constraints",
-                        wheel.path.name)
+            log.warning(
+                "%s: no +rocmX.Y local version label, left out of the per-line index and constraints", wheel.path.name
+            )
             continue
         lines[aliases.get(wheel.label, wheel.label)].append(wheel)
     if not lines:
-        raise RocwheelsError(f"no wheels with a +rocmX.Y local version label in {wheelhouse}",
-                             fix="build, repair and verify wheels first (they land in the wheelhouse)")
+        raise RocwheelsError(
+            f"no wheels with a +rocmX.Y local version label in {wheelhouse}",
+            fix="build, repair and verify wheels first (they land in the wheelhouse)",
+        )
     return {label: tuple(wheels) for label, wheels in sorted(lines.items())}
 
 
@@ -115,8 +120,10 @@ def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
     lines = lines if lines is not None else wheels_by_label(wheelhouse)
     link = wheelhouse / INDEX_LINK
     if link.exists() and not link.is_symlink():
-        raise RocwheelsError(f"{link} is a real folder; rocwheels keeps it as a link to the newest index",
-                             fix=f"remove {link} (rocwheels rebuilds it) and run the index build again")
+        raise RocwheelsError(
+            f"{link} is a real folder; rocwheels keeps it as a link to the newest index",
+            fix=f"remove {link} (rocwheels rebuilds it) and run the index build again",
+        )
     generation = Path(tempfile.mkdtemp(prefix=GENERATION_PREFIX, dir=wheelhouse))
     pending_link = wheelhouse / f"{generation.name}.link"
     try:
@@ -134,8 +141,9 @@ def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
     if previous and previous.parent == wheelhouse.resolve() and previous.name.startswith(GENERATION_PREFIX):
         shutil.rmtree(previous, ignore_errors=True)
     for label, wheels in lines.items():
-        log.info("index %s: %d projects, %d files -> %s/", label, len({w.project for w in wheels}), len(wheels),
-                 link / label)
+        log.info(
+            "index %s: %d projects, %d files -> %s/", label, len({w.project for w in wheels}), len(wheels), link / label
+        )
     return tuple(link / label for label in lines)
 
 
@@ -145,8 +153,10 @@ def _write_line(root: Path, wheels: tuple[WheelFile, ...]) -> None:
     _write_page(root / "index.html", "Simple index", anchors)
     for project, files in projects.items():
         # <label>/<project>/ sits three levels below the wheelhouse, where the wheels are.
-        anchors = [f'<a href="../../../{quote(w.path.name)}#sha256={w.sha256}">{html.escape(w.path.name)}</a>'
-                   for w in sorted(files, key=lambda w: w.path.name)]
+        anchors = [
+            f'<a href="../../../{quote(w.path.name)}#sha256={w.sha256}">{html.escape(w.path.name)}</a>'
+            for w in sorted(files, key=lambda w: w.path.name)
+        ]
         _write_page(root / project / "index.html", f"Links for {project}", anchors)
 
 
@@ -169,8 +179,9 @@ def _write_page(path: Path, title: str, anchors: list[str]) -> None:
     )
 
 
-def write_constraints(wheelhouse: Path, lines: Lines | None = None, *,
-                      rocm_pins: Mapping[str, tuple[str, ...]] | None = None) -> tuple[Path, ...]:
+def write_constraints(
+    wheelhouse: Path, lines: Lines | None = None, *, rocm_pins: Mapping[str, tuple[str, ...]] | None = None
+) -> tuple[Path, ...]:
     """Write ``wheelhouse/constraints-<label>.txt`` per ROCm line: ``name==version+rocmX.Y`` pins.
 
     Pins only, no hashes: every pip takes them (pip before 26.1 refuses a constraints file with
@@ -189,15 +200,24 @@ def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
     return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True, rocm_pins={})
 
 
-def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[[str], str], *, hashes: bool,
-                     rocm_pins: Mapping[str, tuple[str, ...]]) -> tuple[Path, ...]:
+def _write_pin_files(
+    wheelhouse: Path,
+    lines: Lines | None,
+    file_name: Callable[[str], str],
+    *,
+    hashes: bool,
+    rocm_pins: Mapping[str, tuple[str, ...]],
+) -> tuple[Path, ...]:
     written = []
     lines = lines if lines is not None else wheels_by_label(wheelhouse)
     check_pinnable(lines)
     for label, wheels in lines.items():
         pins = _by_project(wheels)
-        use = (f"pip install --require-hashes --no-deps -r {file_name(label)}" if hashes
-               else f"pip install -c {file_name(label)} ...")
+        use = (
+            f"pip install --require-hashes --no-deps -r {file_name(label)}"
+            if hashes
+            else f"pip install -c {file_name(label)} ..."
+        )
         text = [f"# {label} wheels built by rocwheels; use: {use}"]
         for project, files in sorted(pins.items()):
             pin = f"{project}=={files[0].version}"
@@ -205,7 +225,10 @@ def _write_pin_files(wheelhouse: Path, lines: Lines | None, file_name: Callable[
                 pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
             text.append(pin)
         if rocm_pins.get(label):
-            text += ["# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", *rocm_pins[label]]
+            text += [
+                "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror",
+                *rocm_pins[label],
+            ]
         path = wheelhouse / file_name(label)
         pending = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
         try:
@@ -226,9 +249,11 @@ def check_pinnable(lines: Lines) -> None:
             versions = sorted({str(w.version) for w in files})
             if len(versions) > 1:
                 names = ", ".join(w.path.name for w in files)
-                raise RocwheelsError(f"{project} has {len(versions)} versions in the {label} line ({names}); "
-                                     "a constraints file can pin only one",
-                                     fix="remove the wheels of the versions you do not want from the wheelhouse")
+                raise RocwheelsError(
+                    f"{project} has {len(versions)} versions in the {label} line ({names}); "
+                    "a constraints file can pin only one",
+                    fix="remove the wheels of the versions you do not want from the wheelhouse",
+                )
 
 
 def _constraints_name(label: str) -> str:

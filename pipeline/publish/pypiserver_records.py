@@ -27,8 +27,8 @@ from typing import Any
 import pypiserver
 from pypiserver.__main__ import main
 
-from pipeline.verify.provenance import SUFFIX, Provenance
 from pipeline.build.sources import file_sha256
+from pipeline.verify.provenance import SUFFIX, Provenance
 
 _PREFIX = "/packages/"
 _MAX_RECORD_BYTES = 1 << 20  # a record is a few kB; refuse anything that is clearly not one
@@ -51,14 +51,21 @@ class ProvenanceRecords:
             return self.app(environ, start_response)
         method = environ.get("REQUEST_METHOD", "GET")
         if method not in ("GET", "HEAD", "PUT"):
-            return _answer(start_response, 405, f"{method} is not allowed on a provenance record\n",
-                           [("Allow", "GET, HEAD, PUT")])
+            return _answer(
+                start_response, 405, f"{method} is not allowed on a provenance record\n", [("Allow", "GET, HEAD, PUT")]
+            )
         refusal = self._login_refusal(environ, "update" if method == "PUT" else "download")
         if refusal:
             return _answer(start_response, *refusal)
-        wheel_name = path[len(_PREFIX):-len(SUFFIX)]
-        wheel = next((Path(pkg.fn) for pkg in self.config.backend.get_all_packages()
-                      if pkg.relfn_unix == wheel_name and wheel_name.endswith(".whl")), None)
+        wheel_name = path[len(_PREFIX) : -len(SUFFIX)]
+        wheel = next(
+            (
+                Path(pkg.fn)
+                for pkg in self.config.backend.get_all_packages()
+                if pkg.relfn_unix == wheel_name and wheel_name.endswith(".whl")
+            ),
+            None,
+        )
         if wheel is None:
             return _answer(start_response, 404, f"no wheel {wheel_name} on this index: upload the wheel first\n")
         record = wheel.with_name(wheel.name + SUFFIX)
@@ -109,8 +116,10 @@ def _store(record: Path, wheel: Path, data: bytes | None) -> tuple[int, str]:
         return 409, f"the record describes {provenance.wheel}, not {wheel.name}\n"
     actual = file_sha256(wheel)
     if provenance.sha256 != actual:
-        return 409, (f"the record's sha256 {provenance.sha256} is not the sha256 {actual} of {wheel.name} on this index: "
-                     "it describes other bytes\n")
+        return 409, (
+            f"the record's sha256 {provenance.sha256} is not the sha256 {actual} of {wheel.name} on this index: "
+            "it describes other bytes\n"
+        )
     if record.is_file():
         if record.read_bytes() == data:
             return 200, "the same record is already here\n"
@@ -128,13 +137,24 @@ def _store(record: Path, wheel: Path, data: bytes | None) -> tuple[int, str]:
     return 201, f"stored {record.name}\n"
 
 
-def _answer(start_response: StartResponse, status: int, text: str,
-            headers: list[tuple[str, str]] | None = None) -> list[bytes]:
-    reasons = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-               404: "Not Found", 405: "Method Not Allowed", 409: "Conflict"}
+def _answer(
+    start_response: StartResponse, status: int, text: str, headers: list[tuple[str, str]] | None = None
+) -> list[bytes]:
+    reasons = {
+        200: "OK",
+        201: "Created",
+        400: "Bad Request",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "Not Found",
+        405: "Method Not Allowed",
+        409: "Conflict",
+    }
     body = text.encode("utf-8")
-    start_response(f"{status} {reasons[status]}",
-                   [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))), *(headers or [])])
+    start_response(
+        f"{status} {reasons[status]}",
+        [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))), *(headers or [])],
+    )
     return [body]
 
 

@@ -54,8 +54,10 @@ def add_htpasswd_user(htpasswd: Path, username: str, password: str) -> None:
     that ``serve`` would then start with.
     """
     if not _USERNAME.fullmatch(username):
-        raise InputError(f"user name {username!r} cannot be stored in an htpasswd file",
-                         fix="use letters, digits and . _ @ + - only (no ':' or spaces)")
+        raise InputError(
+            f"user name {username!r} cannot be stored in an htpasswd file",
+            fix="use letters, digits and . _ @ + - only (no ':' or spaces)",
+        )
     if not password:
         raise InputError("the password is empty", fix="give a password (or set ROCWHEELS_INDEX_PASSWORD)")
     new = not htpasswd.exists()
@@ -79,13 +81,16 @@ def _load_htpasswd(htpasswd: Path) -> HtpasswdFile:
     try:
         users = HtpasswdFile(str(htpasswd), default_scheme=_HTPASSWD_SCHEME)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise InputError(f"{htpasswd} is not a readable htpasswd file ({exc})",
-                         fix=f"remove it and create the users again: rocwheels index add-user NAME --htpasswd {htpasswd}") from None
+        raise InputError(
+            f"{htpasswd} is not a readable htpasswd file ({exc})",
+            fix=f"remove it and create the users again: rocwheels index add-user NAME --htpasswd {htpasswd}",
+        ) from None
     return users
 
 
-def serve(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 8080,
-          log_file: Path | None = None) -> None:
+def serve(
+    packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 8080, log_file: Path | None = None
+) -> None:
     """Run pypiserver in the foreground until interrupted, then stop it.
 
     Ctrl-C and SIGTERM (kill, systemd, container stop) unwind through ``running_pypiserver``,
@@ -94,16 +99,31 @@ def serve(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int 
     """
     with running_pypiserver(packages, htpasswd, host=host, port=port, log_file=log_file) as index:
         where = f"; its log: {log_file}" if log_file else ""
-        log.info("serving %s: upload with rocwheels publish --repository %s, install with --extra-index-url %s "
-                 "(Ctrl-C stops%s)", packages, index.url, index.simple_url, where)
+        log.info(
+            "serving %s: upload with rocwheels publish --repository %s, install with --extra-index-url %s "
+            "(Ctrl-C stops%s)",
+            packages,
+            index.url,
+            index.simple_url,
+            where,
+        )
         returncode = index.process.wait()
-    raise RocwheelsError(f"pypiserver stopped by itself with exit code {returncode}",
-                         fix=f"see {log_file}" if log_file else "see its output above")
+    raise RocwheelsError(
+        f"pypiserver stopped by itself with exit code {returncode}",
+        fix=f"see {log_file}" if log_file else "see its output above",
+    )
 
 
 @contextmanager
-def running_pypiserver(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 0,
-                       log_file: Path | None = None, startup_timeout: float = 30.0) -> Iterator[RunningIndex]:
+def running_pypiserver(
+    packages: Path,
+    htpasswd: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    log_file: Path | None = None,
+    startup_timeout: float = 30.0,
+) -> Iterator[RunningIndex]:
     """Start pypiserver (``port=0``: a free one), wait until it answers, and stop it on exit.
 
     Uploads need a login from ``htpasswd``; listing and downloads are open. Unknown projects are not
@@ -111,11 +131,15 @@ def running_pypiserver(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1
     server's output goes to ``log_file`` (the terminal when None).
     """
     if not htpasswd.is_file():
-        raise InputError(f"no htpasswd file at {htpasswd}: pypiserver would accept no upload",
-                         fix=f"create a user first: rocwheels index add-user NAME --htpasswd {htpasswd}")
+        raise InputError(
+            f"no htpasswd file at {htpasswd}: pypiserver would accept no upload",
+            fix=f"create a user first: rocwheels index add-user NAME --htpasswd {htpasswd}",
+        )
     if not _load_htpasswd(htpasswd).users():
-        raise InputError(f"{htpasswd} holds no user: pypiserver would accept no upload",
-                         fix=f"create a user: rocwheels index add-user NAME --htpasswd {htpasswd}")
+        raise InputError(
+            f"{htpasswd} holds no user: pypiserver would accept no upload",
+            fix=f"create a user: rocwheels index add-user NAME --htpasswd {htpasswd}",
+        )
     if packages.exists() and not packages.is_dir():
         raise InputError(f"--packages {packages} is a file, not a folder", fix="give the folder the index serves")
     probe_host = _WILDCARD_HOSTS.get(host, host)
@@ -123,9 +147,24 @@ def running_pypiserver(packages: Path, htpasswd: Path, *, host: str = "127.0.0.1
     packages.mkdir(parents=True, exist_ok=True)
     url = f"http://{_url_host(probe_host)}:{port}/"
     # pypiserver's own command line, with provenance records served and accepted beside the wheels.
-    argv = [sys.executable, "-m", "pipeline.publish.pypiserver_records", "run", "--host", host, "--port", str(port),
-            "--passwords", str(htpasswd), "--authenticate", "update", "--disable-fallback",
-            "--hash-algo", "sha256", str(packages)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pipeline.publish.pypiserver_records",
+        "run",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--passwords",
+        str(htpasswd),
+        "--authenticate",
+        "update",
+        "--disable-fallback",
+        "--hash-algo",
+        "sha256",
+        str(packages),
+    ]
     log.info("+ %s", shlex.join(argv))
     sink = None
     if log_file is not None:
@@ -149,8 +188,10 @@ def _bindable_port(host: str, probe_host: str, port: int) -> int:
     try:
         family = socket.getaddrinfo(probe_host, port or None, type=socket.SOCK_STREAM)[0][0]
     except (socket.gaierror, UnicodeError) as exc:
-        raise InputError(f"--host {host!r} does not resolve to an address of this machine ({exc})",
-                         fix="use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or this machine's name") from None
+        raise InputError(
+            f"--host {host!r} does not resolve to an address of this machine ({exc})",
+            fix="use 127.0.0.1 (this machine only), 0.0.0.0 (every interface) or this machine's name",
+        ) from None
     except OverflowError:
         raise InputError(f"--port {port} is not a port number", fix="use 1 to 65535") from None
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -158,11 +199,15 @@ def _bindable_port(host: str, probe_host: str, port: int) -> int:
             probe.bind((probe_host if host not in _WILDCARD_HOSTS else host or "0.0.0.0", port))
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise RocwheelsError(f"port {port} on {host} is already in use",
-                                     fix="stop the program using it, or choose another --port") from None
-            raise InputError(f"cannot listen on {host}:{port}: {exc.strerror}",
-                             fix="use an address of this machine (127.0.0.1, 0.0.0.0) and a port you may open "
-                                 "(1024 and up without root)") from None
+                raise RocwheelsError(
+                    f"port {port} on {host} is already in use",
+                    fix="stop the program using it, or choose another --port",
+                ) from None
+            raise InputError(
+                f"cannot listen on {host}:{port}: {exc.strerror}",
+                fix="use an address of this machine (127.0.0.1, 0.0.0.0) and a port you may open "
+                "(1024 and up without root)",
+            ) from None
         return probe.getsockname()[1]
 
 
@@ -176,16 +221,19 @@ def _wait_until_answering(process: subprocess.Popen, url: str, timeout: float, l
     while time.monotonic() < deadline:
         if process.poll() is not None:
             said = f": {_last_line(log_file)}" if log_file else ""
-            raise RocwheelsError(f"pypiserver exited with code {process.returncode} before answering at {url}{said}{where}",
-                                 fix="read its log: a port already in use or an unreadable htpasswd file are "
-                                     "the usual causes")
+            raise RocwheelsError(
+                f"pypiserver exited with code {process.returncode} before answering at {url}{said}{where}",
+                fix="read its log: a port already in use or an unreadable htpasswd file are the usual causes",
+            )
         try:
             with urlopen(url + "health", timeout=1):
                 return
         except (URLError, OSError):
             time.sleep(0.1)
-    raise RocwheelsError(f"pypiserver did not answer at {url} within {timeout:.0f} s{where}",
-                         fix="read its output; on a slow machine allow a longer startup")
+    raise RocwheelsError(
+        f"pypiserver did not answer at {url} within {timeout:.0f} s{where}",
+        fix="read its output; on a slow machine allow a longer startup",
+    )
 
 
 def _last_line(log_file: Path) -> str:

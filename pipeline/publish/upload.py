@@ -33,9 +33,9 @@ from urllib.request import (
 from twine.exceptions import InvalidConfiguration, UnreachableRepositoryURLDetected
 from twine.utils import DEFAULT_CONFIG_FILE, get_repository_from_config
 
-from pipeline.util.cmd import run
 from pipeline.errors import RocwheelsError
 from pipeline.publish.index import WheelFile, page_links, scan_wheels
+from pipeline.util.cmd import run
 from pipeline.verify.provenance import SUFFIX, Provenance, record_path
 
 log = logging.getLogger("rocwheels")
@@ -43,7 +43,8 @@ log = logging.getLogger("rocwheels")
 _HTTP_TIMEOUT = 30  # seconds for one index page
 _TWINE_AUTH_FAILURE = re.compile(r"HTTPError: (401|403)\b")
 _TWINE_TRANSIENT = re.compile(
-    r"Connection refused|Connection reset|Connection aborted|RemoteDisconnected|timed out|HTTPError: 5\d\d\b")
+    r"Connection refused|Connection reset|Connection aborted|RemoteDisconnected|timed out|HTTPError: 5\d\d\b"
+)
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,9 @@ class _TransientError(Exception):
     """The index could not be reached or answered 5xx: worth another try after a pause."""
 
 
-def resolve_repository(repository: str, *, config_file: Path | None = None,
-                       simple_url: str | None = None) -> Repository:
+def resolve_repository(
+    repository: str, *, config_file: Path | None = None, simple_url: str | None = None
+) -> Repository:
     """Turn ``NAME`` (a ``.pypirc`` section) or ``URL`` into the upload and simple-index URLs.
 
     The simple index defaults to the upload URL with ``simple/`` in place of a trailing
@@ -92,9 +94,11 @@ def resolve_repository(repository: str, *, config_file: Path | None = None,
         config = get_repository_from_config(config_path, repository, repository if is_url else None)
     except (InvalidConfiguration, UnreachableRepositoryURLDetected) as exc:
         reason = str(exc).splitlines()[0]
-        raise RocwheelsError(f"cannot use repository {repository!r}: {reason}",
-                             fix=f"pass the index's upload URL (e.g. http://127.0.0.1:8080/) or the NAME of a section "
-                                 f"with repository= and username= in {config_path}") from None
+        raise RocwheelsError(
+            f"cannot use repository {repository!r}: {reason}",
+            fix=f"pass the index's upload URL (e.g. http://127.0.0.1:8080/) or the NAME of a section "
+            f"with repository= and username= in {config_path}",
+        ) from None
     twine_args = ("--repository-url", repository) if is_url else ("--repository", repository)
     if config_file:
         twine_args += ("--config-file", str(config_file))
@@ -111,8 +115,15 @@ def resolve_repository(repository: str, *, config_file: Path | None = None,
     )
 
 
-def publish(wheelhouse: Path, repository: str, *, config_file: Path | None = None, simple_url: str | None = None,
-            attempts: int = 4, backoff_seconds: float = 2.0) -> PublishResult:
+def publish(
+    wheelhouse: Path,
+    repository: str,
+    *,
+    config_file: Path | None = None,
+    simple_url: str | None = None,
+    attempts: int = 4,
+    backoff_seconds: float = 2.0,
+) -> PublishResult:
     """Upload every wheel in ``wheelhouse`` that the index does not hold yet.
 
     Unreachable servers and 5xx answers are retried ``attempts`` times in all, waiting
@@ -123,8 +134,10 @@ def publish(wheelhouse: Path, repository: str, *, config_file: Path | None = Non
         raise ValueError(f"attempts must be at least 1, not {attempts}")
     wheels = scan_wheels(wheelhouse)
     if not wheels:
-        raise RocwheelsError(f"no wheels to publish in {wheelhouse}",
-                             fix="build, repair and verify wheels first (verified wheels land in the wheelhouse)")
+        raise RocwheelsError(
+            f"no wheels to publish in {wheelhouse}",
+            fix="build, repair and verify wheels first (verified wheels land in the wheelhouse)",
+        )
     repo = resolve_repository(repository, config_file=config_file, simple_url=simple_url)
     log_file = wheelhouse / "logs" / "publish.log"
     already_there: tuple[WheelFile, ...] | None = None  # what the index held before this run uploaded anything
@@ -144,7 +157,8 @@ def publish(wheelhouse: Path, repository: str, *, config_file: Path | None = Non
                 raise RocwheelsError(
                     f"the package index is unreachable or failing: {exc} (gave up after {attempts} attempts)",
                     fix="check that the index server is running and reachable (a local one: rocwheels serve) and that "
-                        "--repository names it, then publish again: wheels already on the index are skipped") from None
+                    "--repository names it, then publish again: wheels already on the index are skipped",
+                ) from None
             delay = backoff_seconds * 2 ** (attempt - 1)
             log.warning("%s; retrying in %g s (attempt %d of %d)", exc, delay, attempt + 1, attempts)
             time.sleep(delay)
@@ -177,9 +191,11 @@ def _not_yet_published(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple
     if problems:
         raise RocwheelsError(
             f"{repo.simple_url} already holds files under these names with different contents: "
-            + "; ".join(problems) + ". An index must not serve two builds under one file name.",
+            + "; ".join(problems)
+            + ". An index must not serve two builds under one file name.",
             fix="give the new build a new version or local label, or delete the old file from the index on purpose "
-                "and publish again")
+            "and publish again",
+        )
     return tuple(w for w in wheels if w.path.name not in listed)
 
 
@@ -223,14 +239,20 @@ def _publish_records(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[t
                 continue
             refusal = _put_record(opener, url, data)
         else:
-            refusal = f"its simple page {repo.simple_url}{wheel.project}/ does not list {wheel.path.name} after the upload"
+            refusal = (
+                f"its simple page {repo.simple_url}{wheel.project}/ does not list {wheel.path.name} after the upload"
+            )
         if refusal:
             refused = tuple(record_path(w.path) for w in with_records[number:])
             log.warning(
                 "%s takes no provenance records (%s): %d wheel(s) published without them. Teammates cannot fetch what "
                 "made these wheels, and CI reuse from this index (rocwheels ci / make wheels --from-index, "
                 "ROCWHEELS_REUSE_INDEX) builds them again instead of taking them. Serve the index with rocwheels serve "
-                "and publish again to add them.", repo.upload_url, refusal, len(refused))
+                "and publish again to add them.",
+                repo.upload_url,
+                refusal,
+                len(refused),
+            )
             return tuple(on_index), refused
         log.info("%s: published beside its wheel", record.name)
         on_index.append(record)
@@ -244,11 +266,18 @@ def _warn_other_record(name: str, there: bytes, sha256: str, url: str) -> None:
     except (ValueError, TypeError):
         named = None
     if named == sha256:
-        log.warning("%s: the index keeps the record it already has for these very bytes (built from other inputs); "
-                    "CI reuse compares against that one", name)
+        log.warning(
+            "%s: the index keeps the record it already has for these very bytes (built from other inputs); "
+            "CI reuse compares against that one",
+            name,
+        )
     else:
-        log.warning("%s on the index does not describe the wheel there (%s): CI reuse will refuse this wheel. Remove "
-                    "the record from the index's packages folder and publish again", name, url)
+        log.warning(
+            "%s on the index does not describe the wheel there (%s): CI reuse will refuse this wheel. Remove "
+            "the record from the index's packages folder and publish again",
+            name,
+            url,
+        )
 
 
 def _put_record(opener: OpenerDirector, url: str, data: bytes) -> str | None:
@@ -264,13 +293,17 @@ def _put_record(opener: OpenerDirector, url: str, data: bytes) -> str | None:
         if exc.code >= 500:
             raise _TransientError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
         if exc.code in (401, 403):
-            raise RocwheelsError(f"the package index refused the login for provenance records at {url} (HTTP {exc.code})",
-                                 fix="set TWINE_USERNAME and TWINE_PASSWORD (or username/password in .pypirc): "
-                                     "rocwheels sends the records with the upload login, which it cannot read from "
-                                     "keyring") from None
-        raise RocwheelsError(f"the package index refused the provenance record {url}: {reason}",
-                             fix="the record must describe the very bytes of the wheel on the index: rebuild the wheel "
-                                 "(rocwheels wheels ... --force), verify it and publish it under a new version") from None
+            raise RocwheelsError(
+                f"the package index refused the login for provenance records at {url} (HTTP {exc.code})",
+                fix="set TWINE_USERNAME and TWINE_PASSWORD (or username/password in .pypirc): "
+                "rocwheels sends the records with the upload login, which it cannot read from "
+                "keyring",
+            ) from None
+        raise RocwheelsError(
+            f"the package index refused the provenance record {url}: {reason}",
+            fix="the record must describe the very bytes of the wheel on the index: rebuild the wheel "
+            "(rocwheels wheels ... --force), verify it and publish it under a new version",
+        ) from None
     except (OSError, http.client.HTTPException) as exc:
         raise _unreachable(url, exc) from None
 
@@ -300,11 +333,15 @@ def _read(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> byte
         if exc.code >= 500:
             raise _TransientError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
         if exc.code in (401, 403):
-            raise RocwheelsError(f"the package index refused to list its files at {url} (HTTP {exc.code} {exc.reason})",
-                                 fix="set TWINE_USERNAME and TWINE_PASSWORD (or username/password in .pypirc): "
-                                     "rocwheels reads the index with the upload login") from None
-        raise RocwheelsError(f"{url} answered HTTP {exc.code} {exc.reason}: not a PEP 503 simple index",
-                             fix="pass the index's simple URL (--simple-url), e.g. http://host:port/simple/") from None
+            raise RocwheelsError(
+                f"the package index refused to list its files at {url} (HTTP {exc.code} {exc.reason})",
+                fix="set TWINE_USERNAME and TWINE_PASSWORD (or username/password in .pypirc): "
+                "rocwheels reads the index with the upload login",
+            ) from None
+        raise RocwheelsError(
+            f"{url} answered HTTP {exc.code} {exc.reason}: not a PEP 503 simple index",
+            fix="pass the index's simple URL (--simple-url), e.g. http://host:port/simple/",
+        ) from None
     except (OSError, http.client.HTTPException) as exc:
         raise _unreachable(url, exc) from None
 
@@ -322,16 +359,28 @@ def _file_links(page: str, page_url: str) -> dict[str, _Listed]:
         link = urlsplit(href)
         algorithm, _, digest = link.fragment.partition("=")
         files[unquote(link.path.rsplit("/", 1)[-1])] = _Listed(
-            urljoin(page_url, href.split("#", 1)[0]), digest.lower() if algorithm == "sha256" and digest else None)
+            urljoin(page_url, href.split("#", 1)[0]), digest.lower() if algorithm == "sha256" and digest else None
+        )
     return files
 
 
 def _upload(wheels: tuple[WheelFile, ...], repo: Repository, log_file: Path) -> None:
     log.info("uploading %d wheels to %s (twine output: %s)", len(wheels), repo.upload_url, log_file)
     result = run(
-        [sys.executable, "-m", "pipeline.publish.twine_once", "--no-color", "upload", "--non-interactive", "--disable-progress-bar",
-         *repo.twine_args, *(w.path for w in wheels)],
-        log_file=log_file, check=False, redact=repo.secrets,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.publish.twine_once",
+            "--no-color",
+            "upload",
+            "--non-interactive",
+            "--disable-progress-bar",
+            *repo.twine_args,
+            *(w.path for w in wheels),
+        ],
+        log_file=log_file,
+        check=False,
+        redact=repo.secrets,
     )
     if result.returncode == 0:
         return
@@ -341,15 +390,19 @@ def _upload(wheels: tuple[WheelFile, ...], repo: Repository, log_file: Path) -> 
         raise RocwheelsError(
             f"the package index at {repo.upload_url} rejected the upload login (HTTP {match.group(1)})",
             fix="check the username and password twine uses: TWINE_USERNAME/TWINE_PASSWORD, the repository's "
-                "section in .pypirc, or keyring; for an index started by rocwheels serve, set the password with "
-                "rocwheels index add-user")
+            "section in .pypirc, or keyring; for an index started by rocwheels serve, set the password with "
+            "rocwheels index add-user",
+        )
     if "Credential not found" in flat:
         raise RocwheelsError(
             f"no login for {repo.upload_url}: twine found no username or password",
             fix="set TWINE_USERNAME and TWINE_PASSWORD, or username/password in the repository's .pypirc section, "
-                "or store the password in keyring")
+            "or store the password in keyring",
+        )
     if match := _TWINE_TRANSIENT.search(flat):
         raise _TransientError(f"upload to {repo.upload_url} failed: {match.group(0)}")
     errors = [line.strip() for line in output.splitlines() if "ERROR" in line] or output.strip().splitlines()[-1:]
-    raise RocwheelsError(f"twine could not upload to {repo.upload_url}: {' '.join(errors)} (log: {log_file})",
-                         fix=f"read {log_file}; rerun with the same command once fixed: uploaded wheels are skipped")
+    raise RocwheelsError(
+        f"twine could not upload to {repo.upload_url}: {' '.join(errors)} (log: {log_file})",
+        fix=f"read {log_file}; rerun with the same command once fixed: uploaded wheels are skipped",
+    )

@@ -69,7 +69,9 @@ class Verdict:
     grafts: dict[str, tuple[str, ...]]
 
 
-def analyze(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds) -> Verdict:
+def analyze(
+    wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds
+) -> Verdict:
     """auditwheel's verdict on ``wheel`` (whose ELF ``members`` are listed), as ``repair --plat`` sees it.
 
     The tag is one the contents allow: without ``plat`` the best one auditwheel finds, with it
@@ -93,8 +95,12 @@ class AnalysisAside:
         # out it is stopped here.
         try:
             with held_while():
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_start, initargs=(str(self._temp),))
+                self._pool = ProcessPoolExecutor(
+                    max_workers=1,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_start,
+                    initargs=(str(self._temp),),
+                )
                 self._pool.submit(_ready)
         except BaseException:
             if hasattr(self, "_pool"):
@@ -110,7 +116,13 @@ class AnalysisAside:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     def submit(
-        self, wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds,
+        self,
+        wheel: Path,
+        members: Sequence[str],
+        excludes: Sequence[str],
+        plat: str | None,
+        *,
+        who_needs: WhoNeeds,
     ) -> Callable[[], Verdict]:
         """Start ``analyze``; the function returned waits for its verdict (or raises its error)."""
         outcome = self._run(_judge, wheel, tuple(members), tuple(excludes), plat)
@@ -142,8 +154,8 @@ class AnalysisAside:
 def _analysis_stopped() -> RocwheelsError:
     return RocwheelsError(
         "auditwheel's analysis process stopped before it answered",
-        fix="if rocwheels runs from a Python script of your own, put the call under `if __name__ == \"__main__\":` "
-            "(the process starts with multiprocessing's spawn, which runs that script again); else run again",
+        fix='if rocwheels runs from a Python script of your own, put the call under `if __name__ == "__main__":` '
+        "(the process starts with multiprocessing's spawn, which runs that script again); else run again",
     )
 
 
@@ -184,8 +196,15 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     load_ld_paths.cache_clear()
     try:
         with _auditwheel_quiet():
-            abi = analyze_wheel_abi(libc, architecture, wheel, frozenset(excludes), disable_isa_ext_check=False,
-                                    allow_graft=True, requested_policy_base_name=base or "auto")
+            abi = analyze_wheel_abi(
+                libc,
+                architecture,
+                wheel,
+                frozenset(excludes),
+                disable_isa_ext_check=False,
+                allow_graft=True,
+                requested_policy_base_name=base or "auto",
+            )
     except NonPlatformWheelError:
         raise _no_compiled_code(wheel) from None
     except RuntimeError as exc:
@@ -195,8 +214,10 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
         try:
             policy = policies.get_policy_by_name(plat)
         except LookupError:
-            raise RocwheelsError(f"cannot repair {wheel.name}: auditwheel knows no platform {plat!r}",
-                                 fix="set the lock line's platform to a tag such as manylinux_2_28_x86_64") from None
+            raise RocwheelsError(
+                f"cannot repair {wheel.name}: auditwheel knows no platform {plat!r}",
+                fix="set the lock line's platform to a tag such as manylinux_2_28_x86_64",
+            ) from None
     elif abi.overall_policy == policies.linux:
         # Only a missing library (reported below) may still lead to a manylinux tag. Contents that
         # allow linux_* only must not get auditwheel's automatic fallback, its newest manylinux tag.
@@ -205,16 +226,22 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
         policy = abi.overall_policy
     if policy > abi.sym_policy:
         raise _too_recent(wheel)
-    for limit, why in ((abi.ucs_policy, "it was built against a UCS2 Python"),
-                       (abi.blacklist_policy, "it uses black-listed symbols"),
-                       (abi.machine_policy, "it uses ISA extensions the platform does not allow")):
+    for limit, why in (
+        (abi.ucs_policy, "it was built against a UCS2 Python"),
+        (abi.blacklist_policy, "it uses black-listed symbols"),
+        (abi.machine_policy, "it uses ISA extensions the platform does not allow"),
+    ):
         if policy > limit:
-            raise RocwheelsError(f"cannot repair {wheel.name} to {policy.name}: {why}",
-                                 fix="drop the plat setting, or rebuild in the line's builder image")
+            raise RocwheelsError(
+                f"cannot repair {wheel.name} to {policy.name}: {why}",
+                fix="drop the plat setting, or rebuild in the line's builder image",
+            )
     grafts: dict[str, tuple[str, ...]] = {}
     for path, references in abi.full_external_refs.items():
         libraries = references[policy.name].libs
-        missing = [soname for soname, found in libraries.items() if found is None and not soname.startswith("libpython")]
+        missing = [
+            soname for soname, found in libraries.items() if found is None and not soname.startswith("libpython")
+        ]
         if missing:
             return missing[0]
         if libraries:
@@ -251,8 +278,17 @@ def _graft(judged: Path, part: Path, out: Path) -> Path:
     patcher = ElfPatcher.get_patcher("patchelf", policy.name)
     try:
         with _auditwheel_quiet():
-            written = repair_wheel(abi, part, abis=[policy.name, *policy.aliases], lib_sdir=".libs", out_dir=out,
-                                   update_tags=True, patcher=patcher, strip=False, zip_compression_level=ZIP_LEVEL)
+            written = repair_wheel(
+                abi,
+                part,
+                abis=[policy.name, *policy.aliases],
+                lib_sdir=".libs",
+                out_dir=out,
+                update_tags=True,
+                patcher=patcher,
+                strip=False,
+                zip_compression_level=ZIP_LEVEL,
+            )
     except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         raise _failed(judged, str(exc)) from None
     if written is None:
@@ -273,7 +309,7 @@ def _too_recent(wheel: Path) -> RocwheelsError:
         f"cannot repair {wheel.name}: it uses glibc/libstdc++ symbols newer than the requested platform allows "
         "(or newer than every manylinux platform)",
         fix="build in an older builder image (a manylinux one); if the lock line or --plat sets a platform, "
-            "dropping it lets auditwheel pick the tag the symbols allow",
+        "dropping it lets auditwheel pick the tag the symbols allow",
     )
 
 

@@ -16,8 +16,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from pipeline.errors import RocwheelsError
 from pipeline.config.recipes import Recipe
+from pipeline.errors import RocwheelsError
 from pipeline.wheel.archive import check_wheel, open_wheel, rewrite_wheel
 
 _FIELD = "Requires-Dist"
@@ -26,7 +26,9 @@ _FIELD = "Requires-Dist"
 def linked_builds(recipe: Recipe, dependencies: Iterable[tuple[str, str]]) -> tuple[str, ...]:
     """What ``recipe``'s wheels must require exactly (``torch==2.14.1+rocm7.2``): the line's builds
     of its depends_on recipes (``dependencies``: distribution, version) and its build wheels."""
-    return tuple(f"{name}=={version}" for name, version in (*dependencies, *(wheel.pin for wheel in recipe.build.wheels)))
+    return tuple(
+        f"{name}=={version}" for name, version in (*dependencies, *(wheel.pin for wheel in recipe.build.wheels))
+    )
 
 
 def pin_requirements(metadata: str, pins: Iterable[str]) -> str:
@@ -48,11 +50,15 @@ def pin_requirements(metadata: str, pins: Iterable[str]) -> str:
             unconditional.add(name)
         out.append(f"{_FIELD}: {requirement}")
     # An added pin keeps its extras (a `wheels` line's rocm[libraries]==10.0.0).
-    extras = {canonicalize_name(r.name): f"[{','.join(sorted(r.extras))}]" if r.extras else "" for r in map(Requirement, pins)}
-    missing = [f"{_FIELD}: {name}{extras[name]}=={version}" for name, version in wanted.items() if name not in unconditional]
+    extras = {
+        canonicalize_name(r.name): f"[{','.join(sorted(r.extras))}]" if r.extras else "" for r in map(Requirement, pins)
+    }
+    missing = [
+        f"{_FIELD}: {name}{extras[name]}=={version}" for name, version in wanted.items() if name not in unconditional
+    ]
     # New fields go after the existing Requires-Dist lines (or at the end of the header).
     last = max((i for i, line in enumerate(out) if line.startswith(f"{_FIELD}:")), default=len(out) - 1)
-    out[last + 1:last + 1] = missing
+    out[last + 1 : last + 1] = missing
     return "\n".join(out) + separator + body
 
 
@@ -67,7 +73,9 @@ def pin_wheel(wheel: Path, dest_dir: Path, pins: Iterable[str]) -> Path:
     member = f"{check_wheel(wheel).dist_info}/METADATA"
     with open_wheel(wheel) as archive:
         metadata = archive.read(member).decode("utf-8")
-    return rewrite_wheel(wheel, dest_dir / wheel.name, replace={member: pin_requirements(metadata, pins).encode("utf-8")})
+    return rewrite_wheel(
+        wheel, dest_dir / wheel.name, replace={member: pin_requirements(metadata, pins).encode("utf-8")}
+    )
 
 
 def exact_requirements(metadata: str) -> dict[str, str]:
@@ -94,7 +102,9 @@ def _exact(pin: str) -> tuple[str, str]:
     requirement = Requirement(pin)
     specs = list(requirement.specifier)
     if len(specs) != 1 or specs[0].operator != "==" or requirement.marker is not None:
-        raise RocwheelsError(f"{pin!r} is not an exact pin", fix="write it as name==version, e.g. torch==2.14.1+rocm7.2")
+        raise RocwheelsError(
+            f"{pin!r} is not an exact pin", fix="write it as name==version, e.g. torch==2.14.1+rocm7.2"
+        )
     return requirement.name, specs[0].version
 
 
@@ -105,4 +115,7 @@ def _requirement(line: str) -> Requirement | None:
     try:
         return Requirement(text)
     except InvalidRequirement as exc:
-        raise RocwheelsError(f"METADATA has an invalid {_FIELD}: {text!r} ({exc})", fix="fix the package's declared dependencies and rebuild") from None
+        raise RocwheelsError(
+            f"METADATA has an invalid {_FIELD}: {text!r} ({exc})",
+            fix="fix the package's declared dependencies and rebuild",
+        ) from None

@@ -59,7 +59,13 @@ class LinkPackage:
         lib_dir, _, patterns = entry.partition(":")
         parsed = tuple(p.strip() for p in patterns.split(",") if p.strip())
         folder = PurePosixPath(lib_dir.strip())
-        if not parsed or folder.is_absolute() or ".." in folder.parts or str(folder) == "." or any("/" in p for p in parsed):
+        if (
+            not parsed
+            or folder.is_absolute()
+            or ".." in folder.parts
+            or str(folder) == "."
+            or any("/" in p for p in parsed)
+        ):
             raise RocwheelsError(
                 f"link_packages entry {entry!r} is not '<lib folder in site-packages>:<soname patterns>'",
                 fix="write it like 'torch/lib:libtorch*.so,libc10*.so' in the recipe's [repair] link_packages",

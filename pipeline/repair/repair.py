@@ -36,19 +36,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from pipeline.config.layout import cache_dir
+
 # pipeline.wheel.elf (pyelftools), pipeline.wheel.archive and pipeline.util.cmd are imported where they are
 # used: a repair that only copies a wheel it wrote before is over before those imports would be.
 from pipeline.errors import RocwheelsError
-from pipeline.config.layout import cache_dir
-from pipeline.util.log import LOGGER
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
+from pipeline.util.log import LOGGER
 from pipeline.wheel.zipwrite import Added, copy_file, extract_members, piecewise_sha256, record_rows, write_stored
 
 if TYPE_CHECKING:
-    from pipeline.wheel.elf import ElfInfo
     from pipeline.config.lock import Line
-    from pipeline.plan import Step
     from pipeline.config.recipes import Recipe
+    from pipeline.plan import Step
+    from pipeline.wheel.elf import ElfInfo
 
 # Deflate level of the members repair changes (unchanged ones keep their bytes). zlib-ng level 5
 # instead of 6, measured on the changed libraries themselves (4 MiB chunks, one core):
@@ -119,8 +120,14 @@ class RepairSettings:
         return cls.for_recipe(step.recipe, line).extended(requires_pins=linked_builds(step.recipe, step.dependencies))
 
     def extended(
-        self, *, excludes: Sequence[str] = (), link_packages: Sequence[str] = (), extra_rpath: Sequence[str] = (),
-        requires_pins: Sequence[str] = (), rocm_lib_dir: str | None = None, plat: str | None = None,
+        self,
+        *,
+        excludes: Sequence[str] = (),
+        link_packages: Sequence[str] = (),
+        extra_rpath: Sequence[str] = (),
+        requires_pins: Sequence[str] = (),
+        rocm_lib_dir: str | None = None,
+        plat: str | None = None,
     ) -> RepairSettings:
         """These settings plus more entries; ``rocm_lib_dir`` and ``plat`` replace when given."""
         return replace(
@@ -138,7 +145,9 @@ class RepairSettings:
         ``for_recipe`` gives a `wheels` line): no ROCm folder, the packages' folders linked."""
         from pipeline.config.rocm_wheels import package_links
 
-        return replace(self, rocm_lib_dir=None, link_packages=tuple(dict.fromkeys((*self.link_packages, *package_links()))))
+        return replace(
+            self, rocm_lib_dir=None, link_packages=tuple(dict.fromkeys((*self.link_packages, *package_links())))
+        )
 
     def cli_options(self) -> list[str]:
         """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
@@ -149,8 +158,12 @@ class RepairSettings:
         links = [link for link in self.link_packages if self.rocm_lib_dir is not None or link not in package_links()]
         if self.plat:
             options += ["--plat", self.plat]
-        for flag, values in (("--exclude", self.excludes), ("--link-package", links),
-                             ("--rpath", self.extra_rpath), ("--requires-pin", self.requires_pins)):
+        for flag, values in (
+            ("--exclude", self.excludes),
+            ("--link-package", links),
+            ("--rpath", self.extra_rpath),
+            ("--requires-pin", self.requires_pins),
+        ):
             for value in values:
                 options += [flag, value]
         return options
@@ -183,10 +196,17 @@ def repair_wheel(
         # Only the very bytes this repair wrote skip the checks: a file it wrote that is unchanged
         # since (see _remember), or bytes with their fingerprint (hashed while copying).
         fingerprint, files = note
-        final = copy_file(raw_wheel, wheelhouse / raw_wheel.name, fingerprint=None if _identity(raw_wheel) in files else fingerprint)
+        final = copy_file(
+            raw_wheel, wheelhouse / raw_wheel.name, fingerprint=None if _identity(raw_wheel) in files else fingerprint
+        )
         if final:
             _note(log_file, f"{raw_wheel.name} was written by rocwheels' repair with these settings: copied")
-            log.info("repaired %s -> %s in %.1f s (written by this repair before: copied)", raw_wheel.name, final.name, time.monotonic() - started)
+            log.info(
+                "repaired %s -> %s in %.1f s (written by this repair before: copied)",
+                raw_wheel.name,
+                final.name,
+                time.monotonic() - started,
+            )
             return final
     # Here, not at the top: importing auditwheel's analysis, the wheel checks and the recipe models
     # costs more than copying a wheel repaired before.
@@ -205,11 +225,15 @@ def repair_wheel(
         work = Path(temp)
         with open_wheel(raw_wheel) as archive:
             members = {info.filename: info for info in archive.infolist()}
-            elf_names = [name for name, info in members.items() if not info.is_dir() and _starts_with_elf(archive, info)]
+            elf_names = [
+                name for name, info in members.items() if not info.is_dir() and _starts_with_elf(archive, info)
+            ]
             wheel_text = archive.read(f"{raw.dist_info}/WHEEL").decode("utf-8")
             metadata_text = archive.read(f"{raw.dist_info}/METADATA").decode("utf-8")
             record = record_rows(archive, f"{raw.dist_info}/RECORD")
-        others = [name for name, info in members.items() if not info.is_dir() and name not in elf_names and name in record]
+        others = [
+            name for name, info in members.items() if not info.is_dir() and name not in elf_names and name in record
+        ]
         tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, threads=threads)
         unpacked = time.monotonic()
         # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
@@ -217,9 +241,15 @@ def repair_wheel(
         skeleton = write_stored(
             work / "skeleton" / raw_wheel.name,
             {name: (path, members[name].CRC) for name, path in tree.items()},
-            {f"{raw.dist_info}/WHEEL": wheel_text, f"{raw.dist_info}/METADATA": metadata_text,
-             # auditwheel walks the files RECORD lists (hashes unread).
-             f"{raw.dist_info}/RECORD": "".join(f"{name},,\n" for name in (*tree, *(f"{raw.dist_info}/{own}" for own in ("WHEEL", "METADATA", "RECORD"))))},
+            {
+                f"{raw.dist_info}/WHEEL": wheel_text,
+                f"{raw.dist_info}/METADATA": metadata_text,
+                # auditwheel walks the files RECORD lists (hashes unread).
+                f"{raw.dist_info}/RECORD": "".join(
+                    f"{name},,\n"
+                    for name in (*tree, *(f"{raw.dist_info}/{own}" for own in ("WHEEL", "METADATA", "RECORD")))
+                ),
+            },
         )
 
         pinned = pin_requirements(metadata_text, settings.requires_pins) if settings.requires_pins else metadata_text
@@ -237,14 +267,21 @@ def repair_wheel(
         # Unless auditwheel grafts (rare for a ROCm wheel: everything ROCm is excluded), the RPATHs
         # do not depend on its verdict: patchelf and the deflate of the changed members run while
         # it analyses, into a wheel set aside. The verdict then only retags that wheel.
-        patched_ahead, ahead_wheel = _patch_ahead(raw_wheel, tree, early_changes, work / "ahead",
-                                                  policy, settings, log_file, log, compression_level, threads)
+        patched_ahead, ahead_wheel = _patch_ahead(
+            raw_wheel, tree, early_changes, work / "ahead", policy, settings, log_file, log, compression_level, threads
+        )
         patched_at = time.monotonic()
         verdict = verdict_of()
         analysed = time.monotonic()
-        _note(log_file, f"auditwheel verdict on {raw_wheel.name}: {verdict.tag}, "
-                        + ("grafts " + "; ".join(f"{', '.join(libs)} for {name}" for name, libs in verdict.grafts.items())
-                           if verdict.grafts else "nothing to graft"))
+        _note(
+            log_file,
+            f"auditwheel verdict on {raw_wheel.name}: {verdict.tag}, "
+            + (
+                "grafts " + "; ".join(f"{', '.join(libs)} for {name}" for name, libs in verdict.grafts.items())
+                if verdict.grafts
+                else "nothing to graft"
+            ),
+        )
         tag = verdict.tag
         wheel_member = f"{raw.dist_info}/WHEEL"
         retagged = _retag(wheel_text, tag)
@@ -255,17 +292,33 @@ def repair_wheel(
             # The wheel set aside stays the base: only what auditwheel changes or adds (its RPATHs
             # set again; for the files patched ahead, setting them again changes nothing) is new.
             # auditwheel's repair, with the analysis it just made, of the skeleton's files it changes.
-            part = rewrite_wheel(skeleton, work / "part" / raw_wheel.name, dropped=frozenset(tree) - set(verdict.grafts))
+            part = rewrite_wheel(
+                skeleton, work / "part" / raw_wheel.name, dropped=frozenset(tree) - set(verdict.grafts)
+            )
             (work / "auditwheel").mkdir()
             grafted = aside.graft(skeleton, part, work / "auditwheel")
             changed, added, dropped = _taken_from(grafted, part, tree, members, work / "grafted")
-            relinked = _relink(raw_wheel, {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
-                               policy, settings, log_file, log, threads)
+            relinked = _relink(
+                raw_wheel,
+                {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
+                policy,
+                settings,
+                log_file,
+                log,
+                threads,
+            )
             patched = {name: tree[name] for name in {*patched_ahead, *relinked} if name in tree and name not in added}
             changed.update({name: path for name, path in relinked.items() if name not in added})
             changed.update(retag if ahead_wheel else {**patched, **early_changes, **retag})
-            final = rewrite_wheel(ahead_wheel or raw_wheel, dest, replace=changed, added=added, dropped=frozenset(dropped),
-                                  compression_level=compression_level, threads=threads)
+            final = rewrite_wheel(
+                ahead_wheel or raw_wheel,
+                dest,
+                replace=changed,
+                added=added,
+                dropped=frozenset(dropped),
+                compression_level=compression_level,
+                threads=threads,
+            )
         else:
             patched, changed = patched_ahead, {**patched_ahead, **early_changes, **retag}
             source = ahead_wheel or raw_wheel
@@ -281,8 +334,16 @@ def repair_wheel(
     log.info(
         "repaired %s -> %s in %.1f s (ELF files unpacked in %.1f s; then the other members' hashes checked, RPATHs of %d files set and deflated %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
-        raw_wheel.name, final.name, time.monotonic() - started, unpacked - started, len(patched),
-        patched_at - unpacked, analysed - patched_at, len(changed), len(added), time.monotonic() - analysed,
+        raw_wheel.name,
+        final.name,
+        time.monotonic() - started,
+        unpacked - started,
+        len(patched),
+        patched_at - unpacked,
+        analysed - patched_at,
+        len(changed),
+        len(added),
+        time.monotonic() - analysed,
     )
     return final
 
@@ -300,9 +361,16 @@ def _move(wheel: Path, dest: Path) -> Path:
 
 
 def _patch_ahead(
-    wheel: Path, tree: dict[str, Path], changes: dict[str, bytes | Path], dest: Path, policy: RocmPolicy,
-    settings: RepairSettings, log_file: Path | None, log: logging.Logger | logging.LoggerAdapter,
-    compression_level: int, threads: int | None,
+    wheel: Path,
+    tree: dict[str, Path],
+    changes: dict[str, bytes | Path],
+    dest: Path,
+    policy: RocmPolicy,
+    settings: RepairSettings,
+    log_file: Path | None,
+    log: logging.Logger | logging.LoggerAdapter,
+    compression_level: int,
+    threads: int | None,
 ) -> tuple[dict[str, Path], Path | None]:
     """The RPATHs of ``tree`` set, and ``wheel`` rewritten into folder ``dest`` with them and
     ``changes``: (the patched files, the wheel or None when nothing changed)."""
@@ -313,8 +381,14 @@ def _patch_ahead(
         return patched, None
     dest.mkdir()
     # auditwheel's analysis, meanwhile, is what the repair waits for: it goes first.
-    return patched, rewrite_wheel(wheel, dest / wheel.name, replace={**patched, **changes},
-                                  compression_level=compression_level, threads=threads, yield_cpu=True)
+    return patched, rewrite_wheel(
+        wheel,
+        dest / wheel.name,
+        replace={**patched, **changes},
+        compression_level=compression_level,
+        threads=threads,
+        yield_cpu=True,
+    )
 
 
 def _repaired_marker(wheel_name: str, settings: RepairSettings) -> Path:
@@ -379,7 +453,13 @@ def _rules_identity() -> tuple[str, str]:
 
     package = Path(__file__).parent.parent
     rules = hashlib.sha256()
-    for name in ("repair/repair.py", "wheel/rpath.py", "repair/auditwheel_adapter.py", "repair/policy.py", "data/rocm-libraries.toml"):
+    for name in (
+        "repair/repair.py",
+        "wheel/rpath.py",
+        "repair/auditwheel_adapter.py",
+        "repair/policy.py",
+        "data/rocm-libraries.toml",
+    ):
         rules.update((package / name).read_bytes())
     installed = sorted(Path(auditwheel.__file__).parent.parent.glob("auditwheel-*.dist-info"))
     if installed:
@@ -397,7 +477,11 @@ def _note(log_file: Path | None, line: str) -> None:
 
 
 def _taken_from(
-    grafted: Path, part: Path, tree: dict[str, Path], members: dict[str, zipfile.ZipInfo], folder: Path,
+    grafted: Path,
+    part: Path,
+    tree: dict[str, Path],
+    members: dict[str, zipfile.ZipInfo],
+    folder: Path,
 ) -> tuple[dict[str, bytes | Path], dict[str, Added], set[str]]:
     """What auditwheel's repair of ``part`` changed: (changed members, added ones, dropped ones).
 
@@ -439,8 +523,13 @@ def _patchelf() -> str:
 
 
 def _relink(
-    wheel: Path, tree: dict[str, Path], policy: RocmPolicy, settings: RepairSettings,
-    log_file: Path | None, log: logging.Logger | logging.LoggerAdapter, threads: int | None,
+    wheel: Path,
+    tree: dict[str, Path],
+    policy: RocmPolicy,
+    settings: RepairSettings,
+    log_file: Path | None,
+    log: logging.Logger | logging.LoggerAdapter,
+    threads: int | None,
 ) -> dict[str, Path]:
     """Set the RPATH every ELF file of ``tree`` (member -> extracted file) should have; return the changed files."""
     from pipeline.util import cmd
@@ -470,13 +559,20 @@ def _relink(
     # patchelf rewrites each file whole: several at once, largest first.
     with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
         order = sorted(changes.values(), key=lambda change: -change[0].stat().st_size)
-        for done in [pool.submit(cmd.run, [patchelf, *change, path], log_file=log_file, logger=log) for path, change in order]:
+        for done in [
+            pool.submit(cmd.run, [patchelf, *change, path], log_file=log_file, logger=log) for path, change in order
+        ]:
             done.result()
     return {**edited, **{name: path for name, (path, _) in changes.items()}}
 
 
 def _wanted_rpath(
-    wheel: Path, name: str, needed: Sequence[str], current: Sequence[str], policy: RocmPolicy, settings: RepairSettings,
+    wheel: Path,
+    name: str,
+    needed: Sequence[str],
+    current: Sequence[str],
+    policy: RocmPolicy,
+    settings: RepairSettings,
 ) -> tuple[str, ...]:
     allowed = {settings.rocm_lib_dir, *settings.extra_rpath}
     # $ORIGIN entries stay (auditwheel's <pkg>.libs among them); empty entries mean the current
@@ -509,11 +605,14 @@ def _installed_folder(wheel: Path, name: str) -> PurePosixPath:
 def _elf_infos(wheel: Path, tree: dict[str, Path]) -> Iterator[tuple[str, Path, ElfInfo]]:
     """The dynamic sections of the extracted ELF files ``tree`` (member -> file)."""
     from pipeline.wheel.elf import ElfError, read_elf
+
     for name, path in tree.items():
         try:
             info = read_elf(path, with_fatbin=False)  # repair never looks at GPU code
         except ElfError as exc:
-            raise RocwheelsError(f"{wheel.name}: {name} is not a readable ELF file ({exc.message})", fix="rebuild the wheel") from None
+            raise RocwheelsError(
+                f"{wheel.name}: {name} is not a readable ELF file ({exc.message})", fix="rebuild the wheel"
+            ) from None
         yield name, path, info
 
 

@@ -57,8 +57,14 @@ def run(
     full_env = {**os.environ, **env} if env is not None else None
     if log_file is None:
         proc = subprocess.run(
-            argv, env=full_env, cwd=cwd, input=input, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False,
+            argv,
+            env=full_env,
+            cwd=cwd,
+            input=input,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            check=False,
         )
         output = _mask(proc.stdout, redact)
         returncode = proc.returncode
@@ -72,9 +78,14 @@ def run(
             try:
                 with held_while():
                     proc = subprocess.Popen(
-                        argv, env=full_env, cwd=cwd, text=True, errors="replace",
+                        argv,
+                        env=full_env,
+                        cwd=cwd,
+                        text=True,
+                        errors="replace",
                         stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL,
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
                     )
                 if input is not None:
                     assert proc.stdin is not None

@@ -22,7 +22,12 @@ HEARTBEAT_SECONDS = 60.0
 def long_step(label: str, logger: logging.Logger | logging.LoggerAdapter) -> Iterator[Callable[[str], None]]:
     """Yield an ``on_output`` callback that shows the latest output line under ``label``."""
     if sys.stderr.isatty():
-        columns = (SpinnerColumn(), TextColumn("[bold]{task.description}"), TimeElapsedColumn(), TextColumn("{task.fields[last]}"))
+        columns = (
+            SpinnerColumn(),
+            TextColumn("[bold]{task.description}"),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[last]}"),
+        )
         with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
             task = progress.add_task(label, last="")
             yield lambda line: progress.update(task, last=line.strip()[-80:])

@@ -33,8 +33,10 @@ def wheelhouse_lock(wheelhouse: Path) -> Iterator[None]:
     try:
         wheelhouse.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RocwheelsError(f"cannot create the wheelhouse {wheelhouse}: {exc.strerror}",
-                             fix="choose a writable folder (--wheelhouse or ROCWHEELS_WHEELHOUSE)") from None
+        raise RocwheelsError(
+            f"cannot create the wheelhouse {wheelhouse}: {exc.strerror}",
+            fix="choose a writable folder (--wheelhouse or ROCWHEELS_WHEELHOUSE)",
+        ) from None
     lock = FileLock(wheelhouse / LOCK_NAME)
     try:
         lock.acquire(timeout=0)
@@ -60,9 +62,7 @@ def remove_leftovers(wheelhouse: Path) -> list[Path]:
         name = path.name
         if not name.startswith("."):
             continue
-        if name.endswith(PARTIAL_SUFFIX) and not path.is_dir():
-            path.unlink(missing_ok=True)
-        elif name.startswith(GENERATION_PREFIX) and path.is_symlink():
+        if (name.endswith(PARTIAL_SUFFIX) and not path.is_dir()) or (name.startswith(GENERATION_PREFIX) and path.is_symlink()):
             path.unlink(missing_ok=True)
         elif name.startswith(GENERATION_PREFIX) and path.is_dir() and path.resolve() != current:
             shutil.rmtree(path, ignore_errors=True)

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import rocwheels_version
+from pipeline.build.sources import IGNORED_NAMES, file_sha256
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan, Step
-from pipeline.build.sources import IGNORED_NAMES, file_sha256
 
 SUFFIX = ".provenance.json"
 # Bumped when the record's meaning changes: an older record then no longer matches.
@@ -43,8 +43,10 @@ class Provenance:
         try:
             return cls.parse(path.read_bytes())
         except (OSError, ValueError, TypeError) as exc:
-            raise RocwheelsError(f"{path}: not a readable provenance record ({exc})",
-                                 fix="rebuild the wheel (make wheels ... --force) to write a new record") from None
+            raise RocwheelsError(
+                f"{path}: not a readable provenance record ({exc})",
+                fix="rebuild the wheel (make wheels ... --force) to write a new record",
+            ) from None
 
     @classmethod
     def parse(cls, data: bytes) -> Provenance:
@@ -107,8 +109,9 @@ def write_record(wheel: Path, fingerprint: str, inputs: dict[str, Any], toolchai
     """Write ``<wheel>.provenance.json`` beside the wheel, all at once."""
     record = Provenance(wheel.name, file_sha256(wheel), wheel.stat().st_size, fingerprint, inputs, toolchain)
     target = record_path(wheel)
-    partial = tempfile.NamedTemporaryFile("w", dir=target.parent, prefix=f".{target.name}.", suffix=".partial",
-                                          delete=False, encoding="utf-8")
+    partial = tempfile.NamedTemporaryFile(
+        "w", dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False, encoding="utf-8"
+    )
     try:
         with partial:
             json.dump(asdict(record), partial, indent=2, sort_keys=True)
@@ -140,7 +143,10 @@ def check_record(wheel: Path) -> tuple[bool, str]:
     """(ok, message) for the record beside ``wheel``; a wheel without one is ok but said so."""
     path = record_path(wheel)
     if not path.is_file():
-        return True, f"no provenance record ({path.name}) beside the wheel yet: rocwheels wheels writes it once the wheel passes"
+        return (
+            True,
+            f"no provenance record ({path.name}) beside the wheel yet: rocwheels wheels writes it once the wheel passes",
+        )
     try:
         record = Provenance.read(path)
     except RocwheelsError as exc:
@@ -149,6 +155,8 @@ def check_record(wheel: Path) -> tuple[bool, str]:
         return False, f"{path.name} describes {record.wheel}, not this wheel"
     actual = file_sha256(wheel)
     if actual != record.sha256:
-        return False, (f"sha256 {actual} differs from the provenance record's {record.sha256}: the wheel changed after it was "
-                       f"verified (fix: rebuild it with rocwheels wheels ... --force)")
+        return False, (
+            f"sha256 {actual} differs from the provenance record's {record.sha256}: the wheel changed after it was "
+            f"verified (fix: rebuild it with rocwheels wheels ... --force)"
+        )
     return True, f"fingerprint {record.fingerprint[:12]}, sha256 matches"

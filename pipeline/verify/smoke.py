@@ -14,9 +14,9 @@ from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
 
-from pipeline.util.cmd import run
-from pipeline.errors import CommandError
 from pipeline.config.recipes import Smoke
+from pipeline.errors import CommandError
+from pipeline.util.cmd import run
 
 KFD = Path("/dev/kfd")
 
@@ -46,9 +46,17 @@ def interpreter_for(wheel: Path) -> str | None:
     return None
 
 
-def smoke_test(wheel: Path, smoke: Smoke, *, requirements: Sequence[str] = (), find_links: Path | None = None,
-               index_urls: Sequence[str] = (), checks: Sequence[str] = (),
-               log_file: Path | None = None, scratch: Path | None = None) -> SmokeResult:
+def smoke_test(
+    wheel: Path,
+    smoke: Smoke,
+    *,
+    requirements: Sequence[str] = (),
+    find_links: Path | None = None,
+    index_urls: Sequence[str] = (),
+    checks: Sequence[str] = (),
+    log_file: Path | None = None,
+    scratch: Path | None = None,
+) -> SmokeResult:
     """Install ``wheel`` (and ``requirements``, found in ``find_links`` or the extra ``index_urls``)
     into a fresh venv, run the recipe's snippets, then ``checks`` (more Python snippets)."""
     python = interpreter_for(wheel)
@@ -62,11 +70,31 @@ def smoke_test(wheel: Path, smoke: Smoke, *, requirements: Sequence[str] = (), f
             links = ["--find-links", find_links] if find_links else []
             links += [option for url in index_urls for option in ("--extra-index-url", url)]
             # --no-compile: the venv is thrown away; byte-compiling a torch it installs costs a minute.
-            run([venv_python, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-compile", *links, wheel, *requirements],
-                log_file=log_file, cwd=Path(folder))
+            run(
+                [
+                    venv_python,
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "-q",
+                    "--no-compile",
+                    *links,
+                    wheel,
+                    *requirements,
+                ],
+                log_file=log_file,
+                cwd=Path(folder),
+            )
             for snippet in (*smoke.snippets(gpu=gpu_present()), *checks):
                 run([venv_python, "-c", snippet], log_file=log_file, cwd=Path(folder))
         except CommandError as exc:
             return SmokeResult(False, False, f"smoke test failed: {exc.message}")
-    gpu = "GPU check passed" if smoke.gpu_code and gpu_present() else "no GPU here: GPU check not run" if smoke.gpu_code else "no GPU check"
+    gpu = (
+        "GPU check passed"
+        if smoke.gpu_code and gpu_present()
+        else "no GPU here: GPU check not run"
+        if smoke.gpu_code
+        else "no GPU check"
+    )
     return SmokeResult(True, False, f"installed in a fresh venv; {', '.join(smoke.imports)} imported; {gpu}")

@@ -20,6 +20,16 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from pipeline.config.lock import Line
+from pipeline.config.recipes import Recipe, Smoke
+from pipeline.config.rocm_wheels import index_urls as rocm_index_urls
+from pipeline.config.rocm_wheels import link_packages as rocm_link_packages
+from pipeline.config.rocm_wheels import loaded_from_packages_check
+from pipeline.config.targets import runs_on
+from pipeline.repair.pins import missing_pins
+from pipeline.repair.policy import LinkPackage, load_policy
+from pipeline.verify.provenance import check_record
+from pipeline.verify.smoke import smoke_test
 from pipeline.wheel.analyze import (
     DEFAULT_LIBRARY_DIRS,
     MUSL_LIBRARY_DIRS,
@@ -29,18 +39,8 @@ from pipeline.wheel.analyze import (
     analyze_wheel,
     expand_origin,
 )
-from pipeline.config.lock import Line
-from pipeline.wheel.platform_tag import check_platform_tag
-from pipeline.verify.provenance import check_record
-from pipeline.config.recipes import Recipe, Smoke
-from pipeline.repair.pins import missing_pins
-from pipeline.repair.policy import LinkPackage, load_policy
-from pipeline.config.rocm_wheels import index_urls as rocm_index_urls
-from pipeline.config.rocm_wheels import link_packages as rocm_link_packages
-from pipeline.config.rocm_wheels import loaded_from_packages_check
-from pipeline.verify.smoke import smoke_test
-from pipeline.config.targets import runs_on
 from pipeline.wheel.archive import open_wheel
+from pipeline.wheel.platform_tag import check_platform_tag
 
 ERROR, WARNING = "error", "warning"
 # auditwheel's name for a grafted copy: libfoo-<8 hex>.so.1
@@ -87,11 +87,17 @@ class Report:
         return [f for f in self.findings if f.level == ERROR]
 
     def to_dict(self) -> dict:
-        return {"wheel": str(self.wheel), "ok": self.ok, "gpu_targets": self.gpu_targets,
-                "findings": [asdict(f) for f in self.findings]}
+        return {
+            "wheel": str(self.wheel),
+            "ok": self.ok,
+            "gpu_targets": self.gpu_targets,
+            "findings": [asdict(f) for f in self.findings],
+        }
 
 
-def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_file: Path | None = None, scratch: Path | None = None) -> Report:
+def verify_wheel(
+    wheel: Path, expect: Expectations, *, smoke: bool = True, log_file: Path | None = None, scratch: Path | None = None
+) -> Report:
     analysis = analyze_wheel(wheel, expect.layout)
     findings = [
         *_rocm_inside(analysis),
@@ -107,10 +113,19 @@ def verify_wheel(wheel: Path, expect: Expectations, *, smoke: bool = True, log_f
         if any(f.level == ERROR for f in findings):
             findings.append(Finding(WARNING, "smoke", "not run: the wheel has errors"))
         else:
-            result = smoke_test(wheel, expect.smoke, requirements=expect.smoke_requirements, find_links=expect.find_links,
-                                index_urls=expect.index_urls, checks=_rocm_packages_check(analysis, expect.smoke),
-                                log_file=log_file, scratch=scratch)
-            findings.append(Finding(WARNING if result.skipped else ERROR if not result.passed else "ok", "smoke", result.message))
+            result = smoke_test(
+                wheel,
+                expect.smoke,
+                requirements=expect.smoke_requirements,
+                find_links=expect.find_links,
+                index_urls=expect.index_urls,
+                checks=_rocm_packages_check(analysis, expect.smoke),
+                log_file=log_file,
+                scratch=scratch,
+            )
+            findings.append(
+                Finding(WARNING if result.skipped else ERROR if not result.passed else "ok", "smoke", result.message)
+            )
     targets = {m.name: m.gpu_targets for m in analysis.members if m.gpu_targets}
     return Report(wheel, tuple(findings), targets)
 
@@ -132,8 +147,13 @@ def _provenance(wheel: Path) -> Finding:
 def _rocm_inside(analysis: WheelAnalysis) -> list[Finding]:
     policy = analysis.layout.policy
     return [
-        Finding(ERROR, "rocm-inside", f"ROCm library {m.install_path} is inside the wheel: next to the host's ROCm it makes two copies in one process "
-                "(exclude it at repair; rocwheels' ROCm list is pipeline/data/rocm-libraries.toml)", m.name)
+        Finding(
+            ERROR,
+            "rocm-inside",
+            f"ROCm library {m.install_path} is inside the wheel: next to the host's ROCm it makes two copies in one process "
+            "(exclude it at repair; rocwheels' ROCm list is pipeline/data/rocm-libraries.toml)",
+            m.name,
+        )
         for m in analysis.members
         if policy.is_rocm(posixpath.basename(m.install_path)) or (m.soname and policy.is_rocm(m.soname))
     ]
@@ -142,7 +162,9 @@ def _rocm_inside(analysis: WheelAnalysis) -> list[Finding]:
 def _resolution(analysis: WheelAnalysis) -> list[Finding]:
     findings = [
         Finding(ERROR, "unresolved", f"needs {dep.soname}, which would not load: {dep.note}", m.name)
-        for m in analysis.members for dep in m.dependencies if dep.location is None
+        for m in analysis.members
+        for dep in m.dependencies
+        if dep.location is None
     ]
     providers: dict[str, list[str]] = defaultdict(list)
     for m in analysis.members:
@@ -151,7 +173,13 @@ def _resolution(analysis: WheelAnalysis) -> list[Finding]:
         providers[grafted["base"] + grafted["ext"] if grafted else name].append(m.install_path)
     for library, paths in sorted(providers.items()):
         if len(paths) > 1 and library.startswith("lib"):
-            findings.append(Finding(ERROR, "loaded-twice", f"{library} is in the wheel {len(paths)} times ({', '.join(paths)}): two copies would be loaded"))
+            findings.append(
+                Finding(
+                    ERROR,
+                    "loaded-twice",
+                    f"{library} is in the wheel {len(paths)} times ({', '.join(paths)}): two copies would be loaded",
+                )
+            )
     return findings
 
 
@@ -168,12 +196,25 @@ def _gpu_targets(analysis: WheelAnalysis, requested: tuple[str, ...] | None) -> 
         missing = sorted(p for p in set(requested) if not any(runs_on(t, p) for t in m.gpu_targets))
         extra = sorted(t for t in set(m.gpu_targets) if not any(runs_on(t, p) for p in requested))
         if missing:
-            findings.append(Finding(ERROR, "gpu-targets", f"no code objects for {', '.join(missing)} (has {', '.join(m.gpu_targets)})", m.name))
+            findings.append(
+                Finding(
+                    ERROR,
+                    "gpu-targets",
+                    f"no code objects for {', '.join(missing)} (has {', '.join(m.gpu_targets)})",
+                    m.name,
+                )
+            )
         if extra:
-            findings.append(Finding(WARNING, "gpu-targets", f"code objects for unrequested {', '.join(extra)} (size only)", m.name))
+            findings.append(
+                Finding(WARNING, "gpu-targets", f"code objects for unrequested {', '.join(extra)} (size only)", m.name)
+            )
     links_hip = any(d.kind == Kind.ROCM for m in analysis.members for d in m.dependencies)
     if not with_code and links_hip and requested:
-        findings.append(Finding(WARNING, "gpu-targets", "links the ROCm runtime but carries no GPU code objects (a JIT-only package?)"))
+        findings.append(
+            Finding(
+                WARNING, "gpu-targets", "links the ROCm runtime but carries no GPU code objects (a JIT-only package?)"
+            )
+        )
     return findings
 
 
@@ -183,7 +224,9 @@ def _search_paths(analysis: WheelAnalysis, expect: Expectations) -> list[Finding
     for m in analysis.members:
         for entry in m.search_path:
             if entry == "":
-                findings.append(Finding(ERROR, "rpath", "empty RPATH entry: the loader reads it as the current directory", m.name))
+                findings.append(
+                    Finding(ERROR, "rpath", "empty RPATH entry: the loader reads it as the current directory", m.name)
+                )
             elif "$ORIGIN" in entry or "${ORIGIN}" in entry:
                 if expand_origin(entry, posixpath.dirname(m.install_path)).startswith(".."):
                     findings.append(Finding(ERROR, "rpath", f"RPATH entry {entry} leaves site-packages", m.name))
@@ -192,24 +235,36 @@ def _search_paths(analysis: WheelAnalysis, expect: Expectations) -> list[Finding
     return findings
 
 
-def _tags_and_version(analysis: WheelAnalysis, expected_version: str | None, expected_platform: str | None) -> list[Finding]:
+def _tags_and_version(
+    analysis: WheelAnalysis, expected_version: str | None, expected_platform: str | None
+) -> list[Finding]:
     info = analysis.info
     findings = []
     platforms = info.platform_tags
     if len(platforms) != 1:
-        findings.append(Finding(ERROR, "tags", f"{len(platforms)} platform tags in the file name ({'.'.join(platforms)}): keep one"))
+        findings.append(
+            Finding(ERROR, "tags", f"{len(platforms)} platform tags in the file name ({'.'.join(platforms)}): keep one")
+        )
     elif expected_platform and platforms not in ((expected_platform,), ("any",)):  # a pure wheel runs on any platform
-        findings.append(Finding(ERROR, "tags", f"platform tag {platforms[0]}, but the lock line says {expected_platform}"))
+        findings.append(
+            Finding(ERROR, "tags", f"platform tag {platforms[0]}, but the lock line says {expected_platform}")
+        )
     if any(p.startswith("linux_") for p in platforms) and analysis.members:
         findings.append(Finding(ERROR, "tags", "platform tag linux_*: the wheel was not repaired (rocwheels repair)"))
     name_tags = {str(t) for t in parse_wheel_filename(info.path.name)[3]}
     if name_tags != set(info.tags):
-        findings.append(Finding(ERROR, "tags", f"WHEEL Tag lines {sorted(info.tags)} differ from the file name's {sorted(name_tags)}"))
+        findings.append(
+            Finding(
+                ERROR, "tags", f"WHEEL Tag lines {sorted(info.tags)} differ from the file name's {sorted(name_tags)}"
+            )
+        )
     version = Version(info.version)
     if not (version.local or "").startswith("rocm"):
         findings.append(Finding(ERROR, "version", f"version {info.version} has no +rocm local label"))
     elif expected_version is not None and version != Version(expected_version):
-        findings.append(Finding(ERROR, "version", f"version {info.version}, but the lock line expects {expected_version}"))
+        findings.append(
+            Finding(ERROR, "version", f"version {info.version}, but the lock line expects {expected_version}")
+        )
     return findings
 
 
@@ -233,7 +288,11 @@ def _pinned_requirements(analysis: WheelAnalysis, pins: tuple[str, ...]) -> list
     with open_wheel(analysis.info.path) as archive:
         metadata = archive.read(f"{analysis.info.dist_info}/METADATA").decode("utf-8")
     return [
-        Finding(ERROR, "requires", f"Requires-Dist does not pin {pin}: pip could install it next to another build (repair writes the pins)")
+        Finding(
+            ERROR,
+            "requires",
+            f"Requires-Dist does not pin {pin}: pip could install it next to another build (repair writes the pins)",
+        )
         for pin in missing_pins(metadata, pins)
     ]
 
@@ -253,12 +312,28 @@ def reports_json(reports: Sequence[Report]) -> str:
     return json.dumps([r.to_dict() for r in reports], indent=2)
 
 
-def expectations_for(recipe: Recipe, line: Line, targets: tuple[str, ...] | None, *, version: str | None = None,
-                     smoke_requirements: tuple[str, ...] = (), find_links: Path | None = None,
-                     pins: tuple[str, ...] = ()) -> Expectations:
+def expectations_for(
+    recipe: Recipe,
+    line: Line,
+    targets: tuple[str, ...] | None,
+    *,
+    version: str | None = None,
+    smoke_requirements: tuple[str, ...] = (),
+    find_links: Path | None = None,
+    pins: tuple[str, ...] = (),
+) -> Expectations:
     """What a wheel of ``recipe`` built for ``line`` must be."""
     links = tuple(LinkPackage.parse(entry) for entry in (*recipe.repair.link_packages, *rocm_link_packages(line)))
     layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
-    return Expectations(layout=layout, targets=targets, version=version, platform=line.platform, extra_rpath=recipe.repair.rpath,
-                        smoke=recipe.smoke, smoke_requirements=smoke_requirements, find_links=find_links, pins=pins,
-                        index_urls=rocm_index_urls(line))
+    return Expectations(
+        layout=layout,
+        targets=targets,
+        version=version,
+        platform=line.platform,
+        extra_rpath=recipe.repair.rpath,
+        smoke=recipe.smoke,
+        smoke_requirements=smoke_requirements,
+        find_links=find_links,
+        pins=pins,
+        index_urls=rocm_index_urls(line),
+    )

@@ -20,14 +20,21 @@ from enum import Enum
 from functools import cache
 from pathlib import Path
 
+from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
+from pipeline.wheel.archive import WheelInfo, check_wheel, extract, open_wheel
 from pipeline.wheel.elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
 from pipeline.wheel.offload import OffloadBundleError, gpu_targets, parse_fatbin
 from pipeline.wheel.platform_tag import symbol_versions
-from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
-from pipeline.wheel.archive import WheelInfo, check_wheel, extract, open_wheel
 
 # Folders glibc's loader searches without being told (ld.so.cache and its built-in defaults).
-DEFAULT_LIBRARY_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")
+DEFAULT_LIBRARY_DIRS = (
+    "/lib",
+    "/usr/lib",
+    "/lib64",
+    "/usr/lib64",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu",
+)
 # musl's: its built-in default, then what Debian's musl lists in /etc/ld-musl-x86_64.path.
 MUSL_LIBRARY_DIRS = ("/lib", "/usr/local/lib", "/usr/lib", "/lib/x86_64-linux-musl", "/usr/lib/x86_64-linux-musl")
 _DATA_DIR = re.compile(r"^[^/]+\.data/(purelib|platlib)/")
@@ -107,13 +114,16 @@ class Loader:
 
         Each ``(install path, ElfInfo)``; ``$ORIGIN`` is the folder of the object whose entry it is.
         """
+
         def folders(path: str, entries: Sequence[str]) -> list[str]:
             return [expand_origin(entry, posixpath.dirname(path)) for entry in entries]
 
         path, elf = chain[0]
         if self.libc is Libc.MUSL:
             return [f for above, info in chain for f in folders(above, info.runpath or info.rpath)]
-        inherited = [] if elf.runpath else [f for above, info in chain if not info.runpath for f in folders(above, info.rpath)]
+        inherited = (
+            [] if elf.runpath else [f for above, info in chain if not info.runpath for f in folders(above, info.rpath)]
+        )
         return inherited + folders(path, elf.runpath)
 
 
@@ -158,9 +168,19 @@ def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalys
     loader = MUSL_LOADER if libc_of(list(installed.values())) is Libc.MUSL else GLIBC_LOADER
     resolved = _Resolver(installed, layout, loader).resolve_all()
     members = tuple(
-        ElfMember(name, _install_path(name), elf.soname, tuple(elf.runpath or elf.rpath),
-                  resolved.get(_install_path(name), ()), code.targets, code.bundles, code.compression, code.error,
-                  elf.amdgpu_processor, versions)
+        ElfMember(
+            name,
+            _install_path(name),
+            elf.soname,
+            tuple(elf.runpath or elf.rpath),
+            resolved.get(_install_path(name), ()),
+            code.targets,
+            code.bundles,
+            code.compression,
+            code.error,
+            elf.amdgpu_processor,
+            versions,
+        )
         for name, elf, code, versions in raw
     )
     return WheelAnalysis(info, members, layout)
@@ -189,7 +209,11 @@ class _Resolver:
 
     def resolve_all(self) -> dict[str, tuple[Dependency, ...]]:
         needed_inside = {n for elf in self.installed.values() for n in elf.needed}
-        roots = [p for p, elf in self.installed.items() if posixpath.basename(p) not in needed_inside and elf.soname not in needed_inside]
+        roots = [
+            p
+            for p, elf in self.installed.items()
+            if posixpath.basename(p) not in needed_inside and elf.soname not in needed_inside
+        ]
         verdicts: dict[str, dict[str, Dependency]] = {}
         for root in roots:
             self._load(root, verdicts)
@@ -235,13 +259,23 @@ class _Resolver:
         providers = [link.lib_dir for link in layout.link_packages if link.provides(soname)]
         if layout.policy.is_rocm(soname):
             if layout.rocm_lib_dir is None:  # a `wheels` line: ROCm lives in pip packages
-                return Dependency(soname, Kind.ROCM, None, f"the search path reaches none of the ROCm packages' folders {', '.join(providers)}")
-            return Dependency(soname, Kind.ROCM, None, f"the search path lacks the ROCm library folder {layout.rocm_lib_dir}")
+                return Dependency(
+                    soname,
+                    Kind.ROCM,
+                    None,
+                    f"the search path reaches none of the ROCm packages' folders {', '.join(providers)}",
+                )
+            return Dependency(
+                soname, Kind.ROCM, None, f"the search path lacks the ROCm library folder {layout.rocm_lib_dir}"
+            )
         if providers:
             return Dependency(soname, Kind.PACKAGE, None, f"the search path does not reach {', '.join(providers)}")
         elsewhere = [p for p, elf in self.installed.items() if posixpath.basename(p) == soname or elf.soname == soname]
-        note = (f"in the wheel at {elsewhere[0]}, but not on this file's search path" if elsewhere
-                else "not in the wheel, not ROCm's, not a system library")
+        note = (
+            f"in the wheel at {elsewhere[0]}, but not on this file's search path"
+            if elsewhere
+            else "not in the wheel, not ROCm's, not a system library"
+        )
         return Dependency(soname, Kind.MISSING, None, note)
 
 
@@ -272,6 +306,7 @@ def _code_objects(path: Path) -> _CodeObjects:
     offset, size = span
     released = offset  # in the file: pages before it have left this process
     with path.open("rb") as stream, mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+
         def release(end: int) -> None:
             # Pages already read leave this process (they stay in the page cache). Touching one page
             # may map the rest of its page-cache folio, up to 2 MiB behind it: drop that far back.
@@ -280,7 +315,7 @@ def _code_objects(path: Path) -> _CodeObjects:
             released = min(offset + end, len(mapped))
             mapped.madvise(mmap.MADV_DONTNEED, first, released - first)
 
-        with memoryview(mapped) as view, view[offset:offset + size] as section:
+        with memoryview(mapped) as view, view[offset : offset + size] as section:
             try:
                 parsed = parse_fatbin(section, release)
             except OffloadBundleError as exc:
@@ -292,5 +327,5 @@ def expand_origin(entry: str, origin: str) -> str:
     """A search-path entry as a folder: relative to site-packages for $ORIGIN, else absolute."""
     for token in ("$ORIGIN", "${ORIGIN}"):
         if entry.startswith(token):
-            return posixpath.normpath(posixpath.join(origin, entry[len(token):].lstrip("/")) or ".")
+            return posixpath.normpath(posixpath.join(origin, entry[len(token) :].lstrip("/")) or ".")
     return entry

@@ -61,7 +61,9 @@ def open_wheel(path: Path) -> Iterator[zipfile.ZipFile]:
     try:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
-        raise RocwheelsError(f"{path}: no such wheel", fix="check the path; built wheels are in the wheelhouse") from None
+        raise RocwheelsError(
+            f"{path}: no such wheel", fix="check the path; built wheels are in the wheelhouse"
+        ) from None
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise RocwheelsError(f"{path}: not a readable zip archive ({exc})", fix=_REBUILD) from None
     with archive:
@@ -85,7 +87,9 @@ def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
     try:
         filename_name, filename_version, _, _ = parse_wheel_filename(path.name)
     except InvalidWheelFilename as exc:
-        raise RocwheelsError(f"{path}: not a wheel file name ({exc})", fix="keep the name the build backend gave it") from None
+        raise RocwheelsError(
+            f"{path}: not a wheel file name ({exc})", fix="keep the name the build backend gave it"
+        ) from None
     with open_wheel(path) as archive:
         infos = archive.infolist()
         for info in infos:
@@ -93,7 +97,8 @@ def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
             if stat.S_ISLNK(info.external_attr >> 16):
                 raise RocwheelsError(
                     f"{path}: member {info.filename} is a symbolic link; installers write it as a regular file",
-                    fix="build the wheel without symlinks (copy the file, or set the library's RPATH instead)")
+                    fix="build the wheel without symlinks (copy the file, or set the library's RPATH instead)",
+                )
         repeated = sorted(name for name, count in Counter(i.filename for i in infos).items() if count > 1)
         if repeated:
             raise RocwheelsError(f"{path}: members stored more than once: {_some(repeated)}", fix=_REBUILD)
@@ -131,7 +136,11 @@ def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
     tags = tuple(wheel.get_all("Tag") or ())
     name, version = metadata.get("Name"), metadata.get("Version")
     if not tags or not name or not version:
-        missing = [what for what, value in (("WHEEL Tag", tags), ("METADATA Name", name), ("METADATA Version", version)) if not value]
+        missing = [
+            what
+            for what, value in (("WHEEL Tag", tags), ("METADATA Name", name), ("METADATA Version", version))
+            if not value
+        ]
         raise RocwheelsError(f"{path}: {', '.join(missing)} missing", fix=_REBUILD)
     return WheelInfo(
         path=path,
@@ -178,15 +187,25 @@ def rewrite_wheel(
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
     reproducible); unchanged ones keep their compressed bytes. ``dest`` appears atomically.
     """
-    if not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION and compression_level != zlib.Z_DEFAULT_COMPRESSION:
+    if (
+        not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION
+        and compression_level != zlib.Z_DEFAULT_COMPRESSION
+    ):
         raise ValueError(f"deflate level {compression_level} is not -1 or 0..9")
     # Unchanged members keep their RECORD rows (a changed member stays visible to verify): no need
     # to read them all here.
     info = check_wheel(source, verify_hashes=False)
     return write_wheel(
-        source, dest, record=f"{info.dist_info}/RECORD", changed=replace, added=added,
+        source,
+        dest,
+        record=f"{info.dist_info}/RECORD",
+        changed=replace,
+        added=added,
         dropped=dropped | {f"{info.dist_info}/{sig}" for sig in _RECORD_SIGNATURES},
-        level=compression_level, threads=threads, force_zip64=force_zip64, yield_cpu=yield_cpu,
+        level=compression_level,
+        threads=threads,
+        force_zip64=force_zip64,
+        yield_cpu=yield_cpu,
     )
 
 
@@ -211,7 +230,9 @@ def _check_member_path(wheel: Path, name: str, what: str) -> None:
 
 
 def _dist_info_folder(path: Path, files: set[str]) -> str:
-    folders = sorted({name.split("/", 1)[0] for name in files if "/" in name and name.split("/", 1)[0].endswith(".dist-info")})
+    folders = sorted(
+        {name.split("/", 1)[0] for name in files if "/" in name and name.split("/", 1)[0].endswith(".dist-info")}
+    )
     if len(folders) != 1:
         found = f"found {', '.join(folders)}" if folders else "found none"
         raise RocwheelsError(f"{path}: a wheel has exactly one top-level .dist-info folder; {found}", fix=_REBUILD)
@@ -256,8 +277,10 @@ def _verify_hashes(path: Path, archive: zipfile.ZipFile, record: dict[str, tuple
                 digest.update(chunk)
                 length += len(chunk)
         if _format_hash(digest) != recorded or (size and size != str(length)):
-            raise RocwheelsError(f"{path}: member {name} does not match its RECORD hash or size: it changed after the wheel was built",
-                                 fix="do not install, repair or publish this file; rebuild the wheel from its recipe")
+            raise RocwheelsError(
+                f"{path}: member {name} does not match its RECORD hash or size: it changed after the wheel was built",
+                fix="do not install, repair or publish this file; rebuild the wheel from its recipe",
+            )
 
 
 def _headers(archive: zipfile.ZipFile, name: str) -> Message:

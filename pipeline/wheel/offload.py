@@ -120,7 +120,7 @@ def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tu
         else:
             raise OffloadBundleError(
                 f"offload bundle at 0x{pos:x}: expected {PLAIN_MAGIC.decode()!r}, 'CCOB' or zero "
-                f"padding, found bytes {data[pos:pos + 8].hex(' ')}"
+                f"padding, found bytes {data[pos : pos + 8].hex(' ')}"
             )
         bundles.append(bundle)
         pos = _skip_padding(data, bundle.offset + bundle.size)
@@ -130,7 +130,7 @@ def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tu
 
 
 def _at(data: bytes | memoryview, pos: int, magic: bytes) -> bool:
-    return bytes(data[pos:pos + len(magic)]) == magic
+    return bytes(data[pos : pos + len(magic)]) == magic
 
 
 def gpu_targets(bundles: Iterable[Bundle]) -> tuple[str, ...]:
@@ -146,13 +146,14 @@ def _skip_padding(data: bytes, pos: int) -> int:
 def _unpack(layout: struct.Struct, data: bytes, pos: int, where: str, what: str) -> tuple:
     if len(data) - pos < layout.size:
         raise _TruncatedBundle(
-            f"{where}: truncated at 0x{pos:x}: expected {what} "
-            f"({layout.size} bytes), {max(len(data) - pos, 0)} remain"
+            f"{where}: truncated at 0x{pos:x}: expected {what} ({layout.size} bytes), {max(len(data) - pos, 0)} remain"
         )
     return layout.unpack_from(data, pos)
 
 
-def _read_plain(data: bytes | memoryview, start: int, where: str, length: int | None = None) -> tuple[tuple[BundleEntry, ...], int]:
+def _read_plain(
+    data: bytes | memoryview, start: int, where: str, length: int | None = None
+) -> tuple[tuple[BundleEntry, ...], int]:
     """The entries of the plain bundle at ``data[start:]`` and the offset where it ends.
 
     A plain bundle records no total size: it ends after its last code object. ``length``: the
@@ -161,7 +162,7 @@ def _read_plain(data: bytes | memoryview, start: int, where: str, length: int | 
     total = len(data) if length is None else length
     if not _at(data, start, PLAIN_MAGIC):
         raise OffloadBundleError(
-            f"{where}: expected magic {PLAIN_MAGIC.decode()!r}, found bytes {bytes(data[start:start + 8]).hex(' ')}"
+            f"{where}: expected magic {PLAIN_MAGIC.decode()!r}, found bytes {bytes(data[start : start + 8]).hex(' ')}"
         )
     pos = start + len(PLAIN_MAGIC)
     (count,) = _unpack(_U64, data, pos, where, "the entry count")
@@ -180,7 +181,7 @@ def _read_plain(data: bytes | memoryview, start: int, where: str, length: int | 
                 f"{where}: truncated at 0x{pos:x}: entry {index} has an id of "
                 f"{id_length} bytes, {len(data) - pos} remain"
             )
-        raw_id = bytes(data[pos:pos + id_length])
+        raw_id = bytes(data[pos : pos + id_length])
         pos += id_length
         try:
             triple_id = raw_id.decode("ascii")
@@ -213,9 +214,7 @@ def _read_compressed(data: bytes | memoryview, start: int, release: Release | No
         _, _, method_id, total, raw_size, _ = fields
     method = _METHODS.get(method_id)
     if method is None:
-        raise OffloadBundleError(
-            f"{where}: unknown compression method {method_id} (expected 0 for zlib or 1 for zstd)"
-        )
+        raise OffloadBundleError(f"{where}: unknown compression method {method_id} (expected 0 for zlib or 1 for zstd)")
     payload_start = start + header.size
     if total is None:
         payload_end = len(data)
@@ -223,8 +222,7 @@ def _read_compressed(data: bytes | memoryview, start: int, release: Release | No
         payload_end = start + total
     else:
         raise OffloadBundleError(
-            f"{where}: truncated or garbled: the header gives a total size of {total} bytes, "
-            f"{len(data) - start} remain"
+            f"{where}: truncated or garbled: the header gives a total size of {total} bytes, {len(data) - start} remain"
         )
     payload_release = (lambda offset: release(payload_start + offset)) if release else None
     try:
@@ -245,7 +243,9 @@ def _read_compressed(data: bytes | memoryview, start: int, release: Release | No
     return Bundle(start, size, method, version, entries)
 
 
-def _read_inflated_table(read: Callable[[int], bytes], raw_size: int, method: str, where: str) -> tuple[BundleEntry, ...]:
+def _read_inflated_table(
+    read: Callable[[int], bytes], raw_size: int, method: str, where: str
+) -> tuple[BundleEntry, ...]:
     """The entries of the plain bundle a stream inflates to, from as little of its start as holds
     the entry table: the code objects after it are never inflated."""
     head = bytearray()
@@ -259,8 +259,7 @@ def _read_inflated_table(read: Callable[[int], bytes], raw_size: int, method: st
         except _TruncatedBundle:
             if len(head) < want:
                 raise OffloadBundleError(
-                    f"{where}: truncated {method} stream: it inflates to {len(head)} bytes, "
-                    f"the header says {raw_size}"
+                    f"{where}: truncated {method} stream: it inflates to {len(head)} bytes, the header says {raw_size}"
                 ) from None
             if want >= min(raw_size, HEADER_LIMIT):
                 if want < raw_size:
@@ -290,7 +289,7 @@ class _ZlibReader:
             if not self._pending:
                 if self._fed >= len(self._payload):
                     return b""
-                self._pending = bytes(self._payload[self._fed:self._fed + _PIECE])
+                self._pending = bytes(self._payload[self._fed : self._fed + _PIECE])
                 self._fed += len(self._pending)
                 if self._release:
                     self._release(self._fed)
@@ -318,7 +317,9 @@ def _check_zstd_content_size(payload: memoryview, raw_size: int, where: str) -> 
     must be the bundle header's uncompressed size."""
     content_size = zstandard.frame_content_size(payload)
     if content_size != zstandard.CONTENTSIZE_UNKNOWN and content_size != raw_size:
-        raise OffloadBundleError(f"{where}: the zstd frame inflates to {content_size} bytes, the header says {raw_size}")
+        raise OffloadBundleError(
+            f"{where}: the zstd frame inflates to {content_size} bytes, the header says {raw_size}"
+        )
 
 
 def _zstd_frame_size(payload: memoryview, where: str) -> int:
@@ -333,7 +334,7 @@ def _zstd_frame_size(payload: memoryview, where: str) -> int:
     while not last:
         if len(payload) - pos < _ZSTD_BLOCK_HEADER:
             raise OffloadBundleError(f"{where}: truncated zstd stream: the data ends before it does")
-        block = int.from_bytes(payload[pos:pos + _ZSTD_BLOCK_HEADER], "little")
+        block = int.from_bytes(payload[pos : pos + _ZSTD_BLOCK_HEADER], "little")
         last, kind, size = bool(block & 1), (block >> 1) & 3, block >> 3
         if kind == _ZSTD_RESERVED_BLOCK:
             raise OffloadBundleError(f"{where}: garbled zstd stream: reserved block type at payload offset 0x{pos:x}")

@@ -21,7 +21,6 @@ from auditwheel.policy import WheelPolicies
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-
 # (needed library, version) pairs, e.g. ("libc.so.6", "GLIBC_2.34")
 SymbolVersions = Iterable[tuple[str, str]]
 
@@ -53,17 +52,25 @@ def check_platform_tag(versions: SymbolVersions, tag: str) -> AllowedPlatform:
     try:
         wanted = policies.get_policy_by_name(tag)
     except (LookupError, ValueError):
-        return AllowedPlatform(tag, f"{tag} is no platform tag auditwheel knows ({', '.join(p.name for p in policies)})")
+        return AllowedPlatform(
+            tag, f"{tag} is no platform tag auditwheel knows ({', '.join(p.name for p in policies)})"
+        )
     needed: dict[str, set[str]] = {}
     for library, version in versions:
         needed.setdefault(library, set()).add(version)
     best = policies.versioned_symbols_policy(needed)
     if wanted.priority <= best.priority:  # higher priority: runs on more (older) systems
         return AllowedPlatform(best.name, None)
-    too_new = sorted(f"{library} {version}" for library, names in needed.items() for version in names
-                     if _beyond(version, wanted.symbol_versions))
-    return AllowedPlatform(best.name, f"its contents do not allow {tag}: they need {', '.join(too_new)}; "
-                                      f"the most they allow is {best.name}")
+    too_new = sorted(
+        f"{library} {version}"
+        for library, names in needed.items()
+        for version in names
+        if _beyond(version, wanted.symbol_versions)
+    )
+    return AllowedPlatform(
+        best.name,
+        f"its contents do not allow {tag}: they need {', '.join(too_new)}; the most they allow is {best.name}",
+    )
 
 
 def _beyond(version: str, offered: Mapping[str, frozenset[str]]) -> bool:

@@ -37,7 +37,9 @@ DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1,
 _SEARCH_PATHS = (DT_RPATH, DT_RUNPATH)
 # Dynamic entries whose value is an offset into the dynamic string table (the ELF gABI, and
 # DT_AUXILIARY, DT_FILTER, DT_CONFIG, DT_DEPAUDIT, DT_AUDIT of GNU/Solaris).
-_STRING_TAGS = frozenset({DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH, 0x7FFFFFFD, 0x7FFFFFFF, 0x6FFFFEFA, 0x6FFFFEFB, 0x6FFFFEFC})
+_STRING_TAGS = frozenset(
+    {DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH, 0x7FFFFFFD, 0x7FFFFFFF, 0x6FFFFEFA, 0x6FFFFEFB, 0x6FFFFEFC}
+)
 # ELF64 little-endian structures, the only kind edited here: Elf64_Dyn, Elf64_Phdr, Elf64_Sym's
 # st_name, Elf64_Shdr, and e_phnum of Elf64_Ehdr.
 _ENTRY = struct.Struct("<qQ")
@@ -54,8 +56,35 @@ SHT_STRTAB, SHT_NOBITS, SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 3, 8, 1, 2, 4
 # Dynamic entries whose value is an address (d_ptr): PLTGOT, HASH, STRTAB, SYMTAB, RELA, INIT, FINI,
 # REL, DEBUG, JMPREL, INIT_ARRAY, FINI_ARRAY, PREINIT_ARRAY, RELR, and GNU's GNU_HASH, TLSDESC_PLT,
 # TLSDESC_GOT, GNU_CONFLICT, GNU_LIBLIST, PLTPAD, MOVETAB, SYMINFO, VERSYM, VERDEF, VERNEED.
-_POINTER_TAGS = frozenset({3, 4, 5, 6, 7, 12, 13, 17, 21, 23, 25, 26, 32, 36, 0x6FFFFEF5, 0x6FFFFEF6, 0x6FFFFEF7, 0x6FFFFEF8,
-                           0x6FFFFEF9, 0x6FFFFEFD, 0x6FFFFEFE, 0x6FFFFEFF, 0x6FFFFFF0, 0x6FFFFFFC, 0x6FFFFFFE})
+_POINTER_TAGS = frozenset(
+    {
+        3,
+        4,
+        5,
+        6,
+        7,
+        12,
+        13,
+        17,
+        21,
+        23,
+        25,
+        26,
+        32,
+        36,
+        0x6FFFFEF5,
+        0x6FFFFEF6,
+        0x6FFFFEF7,
+        0x6FFFFEF8,
+        0x6FFFFEF9,
+        0x6FFFFEFD,
+        0x6FFFFEFE,
+        0x6FFFFEFF,
+        0x6FFFFFF0,
+        0x6FFFFFFC,
+        0x6FFFFFFE,
+    }
+)
 # Tables of names in .dynstr, by the dynamic entry that announces them: DT_SYMTAB, DT_VERNEED, DT_VERDEF.
 _NAME_TABLES = {6: ".dynsym", 0x6FFFFFFE: ".gnu.version_r", 0x6FFFFFFC: ".gnu.version_d"}
 
@@ -141,23 +170,37 @@ def _read_dynamic(file: BinaryIO) -> _Dynamic | None:
 
 def _with_search_path(entries: list[tuple[int, int]], kept: int | None, string: int) -> list[tuple[int, int]]:
     """``entries`` with one DT_RPATH at ``string``: entry ``kept`` becomes it, other search paths go."""
-    new = [(DT_RPATH, string) if i == kept else entry for i, entry in enumerate(entries) if i == kept or entry[0] not in _SEARCH_PATHS]
+    new = [
+        (DT_RPATH, string) if i == kept else entry
+        for i, entry in enumerate(entries)
+        if i == kept or entry[0] not in _SEARCH_PATHS
+    ]
     return new if kept is not None else new + [(DT_RPATH, string)]
 
 
 def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -> Writes | None:
     """The writes that give ``file`` a copy of its string table, ``value`` at its end, in a new segment."""
     header = dynamic.elf.header
-    if header["e_type"] != "ET_DYN" or header["e_phentsize"] != _PHDR.size or header["e_shentsize"] != _SHDR.size or not header["e_shnum"]:
+    if (
+        header["e_type"] != "ET_DYN"
+        or header["e_phentsize"] != _PHDR.size
+        or header["e_shentsize"] != _SHDR.size
+        or not header["e_shnum"]
+    ):
         return None
     phdrs = _read_table(file, header["e_phoff"], header["e_phnum"], _PHDR)
     shdrs = _read_table(file, header["e_shoff"], header["e_shnum"], _SHDR)
     loads = [phdr for phdr in phdrs if phdr[_P_TYPE] == PT_LOAD]
     strtab_address = dict(dynamic.entries)[DT_STRTAB]
-    strtab = next((i for i, shdr in enumerate(shdrs) if shdr[_SH_TYPE] == SHT_STRTAB and shdr[_SH_ADDR] == strtab_address), None)
+    strtab = next(
+        (i for i, shdr in enumerate(shdrs) if shdr[_SH_TYPE] == SHT_STRTAB and shdr[_SH_ADDR] == strtab_address), None
+    )
     # The program header table grows where it is (strip, for one, expects it in the first segment).
     grown = header["e_phoff"] + (len(phdrs) + 1) * _PHDR.size
-    first = next((load for load in loads if load[_P_OFFSET] <= header["e_phoff"] and grown <= load[_P_OFFSET] + load[_P_FILESZ]), None)
+    first = next(
+        (load for load in loads if load[_P_OFFSET] <= header["e_phoff"] and grown <= load[_P_OFFSET] + load[_P_FILESZ]),
+        None,
+    )
     # An executable's program headers are also read by the kernel: those stay patchelf's.
     if first is None or strtab is None or any(phdr[_P_TYPE] == PT_INTERP for phdr in phdrs):
         return None
@@ -198,7 +241,11 @@ def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -
         if shdr[_SH_SIZE] and low <= shdr[_SH_OFFSET] < high:
             shdr[_SH_ADDR] += by_address
             shdr[_SH_OFFSET] += by_offset
-    shdrs[strtab][_SH_ADDR], shdrs[strtab][_SH_OFFSET], shdrs[strtab][_SH_SIZE] = address + len(block), offset + len(block), len(table)
+    shdrs[strtab][_SH_ADDR], shdrs[strtab][_SH_OFFSET], shdrs[strtab][_SH_SIZE] = (
+        address + len(block),
+        offset + len(block),
+        len(table),
+    )
     # The new segment first: until the headers point at it, it is inert.
     return [
         (offset, block + table),
@@ -218,10 +265,16 @@ def _displaced(phdrs: list[list[int]], shdrs: list[list[int]], start: int, end: 
     """The file range of the sections and notes that the bytes [start, end) overlap, widened until
     nothing lies across its ends; empty at ``end`` when nothing is there. None when what would move
     cannot (it is not read-only loaded data, or it begins before ``start``)."""
-    spans = [(shdr[_SH_OFFSET], shdr[_SH_OFFSET] + shdr[_SH_SIZE], shdr[_SH_FLAGS])
-             for shdr in shdrs if shdr[_SH_TYPE] != SHT_NOBITS and shdr[_SH_SIZE]]
-    spans += [(phdr[_P_OFFSET], phdr[_P_OFFSET] + phdr[_P_FILESZ], SHF_ALLOC)
-              for phdr in phdrs if phdr[_P_TYPE] not in (PT_LOAD, PT_PHDR) and phdr[_P_FILESZ]]
+    spans = [
+        (shdr[_SH_OFFSET], shdr[_SH_OFFSET] + shdr[_SH_SIZE], shdr[_SH_FLAGS])
+        for shdr in shdrs
+        if shdr[_SH_TYPE] != SHT_NOBITS and shdr[_SH_SIZE]
+    ]
+    spans += [
+        (phdr[_P_OFFSET], phdr[_P_OFFSET] + phdr[_P_FILESZ], SHF_ALLOC)
+        for phdr in phdrs
+        if phdr[_P_TYPE] not in (PT_LOAD, PT_PHDR) and phdr[_P_FILESZ]
+    ]
     low, high = end, end
     reach = (start, end)
     while hit := [span for span in spans if span[0] < reach[1] and span[1] > reach[0]]:
@@ -229,7 +282,9 @@ def _displaced(phdrs: list[list[int]], shdrs: list[list[int]], start: int, end: 
         if (min(start, low), max(end, high)) == reach:
             break
         reach = (min(start, low), max(end, high))
-    if low < start or any(flags & (SHF_WRITE | SHF_EXECINSTR) or not flags & SHF_ALLOC for begin, _, flags in spans if low <= begin < high):
+    if low < start or any(
+        flags & (SHF_WRITE | SHF_EXECINSTR) or not flags & SHF_ALLOC for begin, _, flags in spans if low <= begin < high
+    ):
         return None
     return low, high
 
@@ -241,7 +296,11 @@ def _round_up(number: int, multiple: int) -> int:
 def _file_offset(segments: list[Any], address: int | None) -> int | None:
     """Where the loaded address ``address`` lies in the file."""
     for segment in segments:
-        if address is not None and segment["p_type"] == "PT_LOAD" and 0 <= address - segment["p_vaddr"] < segment["p_filesz"]:
+        if (
+            address is not None
+            and segment["p_type"] == "PT_LOAD"
+            and 0 <= address - segment["p_vaddr"] < segment["p_filesz"]
+        ):
             return address - segment["p_vaddr"] + segment["p_offset"]
     return None
 

@@ -16,7 +16,6 @@ import csv
 import hashlib
 import io
 import os
-import shutil
 import struct
 import tempfile
 import threading
@@ -90,7 +89,9 @@ def write_wheel(
                 raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
             rows = record_rows(archive, record)
             writer = _Writer(out, force_zip64)
-            with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None) as pool:
+            with ThreadPoolExecutor(
+                max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
+            ) as pool:
                 new_rows: list[tuple[str, str, str]] = []
                 for member in archive.infolist():
                     if member.filename == record or member.filename in dropped:
@@ -121,8 +122,14 @@ def write_wheel(
 
 
 def extract_members(
-    source: Path, names: list[str], dest: Path, *, record: Mapping[str, tuple[str, str, str]],
-    check_only: Sequence[str] = (), threads: int | None = None, yield_cpu: bool = False,
+    source: Path,
+    names: list[str],
+    dest: Path,
+    *,
+    record: Mapping[str, tuple[str, str, str]],
+    check_only: Sequence[str] = (),
+    threads: int | None = None,
+    yield_cpu: bool = False,
 ) -> dict[str, Path]:
     """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
     keeping permission bits; member -> file. CRCs and the sha256 of ``record``'s rows are checked
@@ -142,9 +149,17 @@ def extract_members(
     with ThreadPoolExecutor(max_workers=workers, initializer=_yield_cpu if yield_cpu else None) as pool:
         # Largest first: the longest job starts at once. A member larger than a worker's share
         # would leave the others idle: it is hashed and written beside its inflating.
-        for done in [pool.submit(_inflate, source, info, targets[info.filename], record.get(info.filename, ("", "", ""))[1],
-                                 info.file_size >= _BEHIND_FROM and info.file_size * workers > total)
-                     for info in sorted(infos, key=lambda i: -i.file_size)]:
+        for done in [
+            pool.submit(
+                _inflate,
+                source,
+                info,
+                targets[info.filename],
+                record.get(info.filename, ("", "", ""))[1],
+                info.file_size >= _BEHIND_FROM and info.file_size * workers > total,
+            )
+            for info in sorted(infos, key=lambda i: -i.file_size)
+        ]:
             done.result()
     return {name: target for name, target in targets.items() if target is not None}
 
@@ -153,12 +168,14 @@ def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded:
     try:
         _inflate_checked(source, info, target, recorded, beside)
     except (zipfile.BadZipFile, zlib_ng.error) as exc:
-        raise RocwheelsError(f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
-                             fix="do not install, repair or publish this file; build or download the wheel again") from None
+        raise RocwheelsError(
+            f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
+            fix="do not install, repair or publish this file; build or download the wheel again",
+        ) from None
 
 
 def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
-    with open(source, "rb") as raw, (target.open("wb") if target else open(os.devnull, "wb")) as sink:
+    with open(source, "rb") as raw, target.open("wb") if target else open(os.devnull, "wb") as sink:
         raw.seek(info.header_offset)
         fields = _LOCAL.unpack(raw.read(_LOCAL.size))
         raw.seek(fields[9] + fields[10], os.SEEK_CUR)
@@ -191,9 +208,13 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
                 later(keep, data)
     if crc != info.CRC:
         raise zipfile.BadZipFile(f"{source.name}: {info.filename} fails its CRC check")
-    if recorded.startswith("sha256=") and recorded != "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii"):
-        raise RocwheelsError(f"{source}: member {info.filename} does not match its RECORD hash: it changed after the wheel was built",
-                             fix="do not install, repair or publish this file; rebuild the wheel from its recipe")
+    if recorded.startswith("sha256=") and recorded != "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(
+        b"="
+    ).decode("ascii"):
+        raise RocwheelsError(
+            f"{source}: member {info.filename} does not match its RECORD hash: it changed after the wheel was built",
+            fix="do not install, repair or publish this file; rebuild the wheel from its recipe",
+        )
     if target:
         mode = (info.external_attr >> 16) & 0o777
         target.chmod((mode or 0o644) | 0o600)  # stay writable: the caller may patch it
@@ -257,7 +278,9 @@ class _Writer:
         offset = self.out.tell()
         raw.seek(member.header_offset)
         _copy_range(raw, self.out, length)
-        self._central_entry(member, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type)
+        self._central_entry(
+            member, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type
+        )
 
     def store(self, name: str, content: bytes | Path, crc: int) -> None:
         """Write member ``name`` stored, with a CRC-32 known beforehand."""
@@ -269,8 +292,22 @@ class _Writer:
         info.external_attr = (0o100000 | (content.stat().st_mode & 0o777 if isinstance(content, Path) else 0o644)) << 16
         offset = self.out.tell()
         stored_size = _LIMIT if zip64 else size
-        self.out.write(_LOCAL.pack(0x04034B50, 45 if zip64 else 20, 0x800, zipfile.ZIP_STORED, *_dos_time(info),
-                                   crc, stored_size, stored_size, len(encoded), len(extra)) + encoded + extra)
+        self.out.write(
+            _LOCAL.pack(
+                0x04034B50,
+                45 if zip64 else 20,
+                0x800,
+                zipfile.ZIP_STORED,
+                *_dos_time(info),
+                crc,
+                stored_size,
+                stored_size,
+                len(encoded),
+                len(extra),
+            )
+            + encoded
+            + extra
+        )
         if isinstance(content, bytes):
             self.out.write(content)
         else:
@@ -279,7 +316,12 @@ class _Writer:
         self._central_entry(info, crc, size, size, offset, 0x800, zipfile.ZIP_STORED, name=encoded)
 
     def deflate(
-        self, pool: ThreadPoolExecutor, name: str, content: bytes | Path, info: zipfile.ZipInfo, level: int,
+        self,
+        pool: ThreadPoolExecutor,
+        name: str,
+        content: bytes | Path,
+        info: zipfile.ZipInfo,
+        level: int,
     ) -> tuple[str, str, str]:
         """Write member ``name`` deflated from ``content``; its RECORD row."""
         size = len(content) if isinstance(content, bytes) else content.stat().st_size
@@ -288,8 +330,20 @@ class _Writer:
         encoded = name.encode("utf-8")
         flags = 0x800 if encoded != name.encode("ascii", "replace") else 0
         extra = struct.pack("<HHQQ", _ZIP64_EXTRA, 16, size, 0) if zip64 else b""
-        self.out.write(_LOCAL.pack(0x04034B50, 45 if zip64 else 20, flags, zipfile.ZIP_DEFLATED, *_dos_time(info),
-                                   0, _LIMIT if zip64 else 0, _LIMIT if zip64 else 0, len(encoded), len(extra)))
+        self.out.write(
+            _LOCAL.pack(
+                0x04034B50,
+                45 if zip64 else 20,
+                flags,
+                zipfile.ZIP_DEFLATED,
+                *_dos_time(info),
+                0,
+                _LIMIT if zip64 else 0,
+                _LIMIT if zip64 else 0,
+                len(encoded),
+                len(extra),
+            )
+        )
         self.out.write(encoded + extra)
         digest = hashlib.sha256()
         crc = compressed = 0
@@ -313,7 +367,14 @@ class _Writer:
         return name, "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii"), str(size)
 
     def _central_entry(
-        self, info: zipfile.ZipInfo, crc: int, compressed: int, size: int, offset: int, flags: int, method: int,
+        self,
+        info: zipfile.ZipInfo,
+        crc: int,
+        compressed: int,
+        size: int,
+        offset: int,
+        flags: int,
+        method: int,
         name: bytes | None = None,
     ) -> None:
         encoded = name if name is not None else info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
@@ -325,11 +386,28 @@ class _Writer:
         def limited(value: int) -> int:
             return _LIMIT if self.force_zip64 or value >= _LIMIT else value
 
-        self.central.append(_CENTRAL.pack(
-            0x02014B50, _MADE_BY_UNIX, 45 if big else max(info.extract_version, 20), flags, method, *_dos_time(info),
-            crc, limited(compressed), limited(size), len(encoded), len(extra), 0, 0, info.internal_attr,
-            info.external_attr, limited(offset),
-        ) + encoded + extra)
+        self.central.append(
+            _CENTRAL.pack(
+                0x02014B50,
+                _MADE_BY_UNIX,
+                45 if big else max(info.extract_version, 20),
+                flags,
+                method,
+                *_dos_time(info),
+                crc,
+                limited(compressed),
+                limited(size),
+                len(encoded),
+                len(extra),
+                0,
+                0,
+                info.internal_attr,
+                info.external_attr,
+                limited(offset),
+            )
+            + encoded
+            + extra
+        )
 
     def finish(self) -> None:
         """The central directory, and ZIP64's end records where a limit is passed."""
@@ -348,7 +426,9 @@ class _Writer:
 
 
 def _deflate_chunks(
-    pool: ThreadPoolExecutor, content: bytes | Path, level: int,
+    pool: ThreadPoolExecutor,
+    content: bytes | Path,
+    level: int,
 ) -> Iterator[tuple[bytes, bytes, int]]:
     """(chunk, its deflate output, its CRC-32) in order; at most two chunks per thread in flight."""
     pending: deque[tuple[bytes, Future[tuple[bytes, int]]]] = deque()
@@ -366,8 +446,14 @@ def _deflate_chunks(
 
 
 def _deflate(chunk: bytes, dictionary: bytes, level: int, last: bool) -> tuple[bytes, int]:
-    compressor = zlib_ng.compressobj(level, zlib_ng.DEFLATED, -15, zlib_ng.DEF_MEM_LEVEL, zlib_ng.Z_DEFAULT_STRATEGY,
-                                     **({"zdict": dictionary} if dictionary else {}))
+    compressor = zlib_ng.compressobj(
+        level,
+        zlib_ng.DEFLATED,
+        -15,
+        zlib_ng.DEF_MEM_LEVEL,
+        zlib_ng.Z_DEFAULT_STRATEGY,
+        **({"zdict": dictionary} if dictionary else {}),
+    )
     data = compressor.compress(chunk) + compressor.flush(zlib_ng.Z_FINISH if last else zlib_ng.Z_SYNC_FLUSH)
     return data, zlib_ng.crc32(chunk)
 
@@ -375,7 +461,7 @@ def _deflate(chunk: bytes, dictionary: bytes, level: int, last: bool) -> tuple[b
 def _chunks(content: bytes | Path) -> Iterator[tuple[bytes, bool]]:
     """``content`` in CHUNK pieces, each with whether it is the last (an empty member is one empty piece)."""
     if isinstance(content, bytes):
-        pieces = [content[i:i + CHUNK] for i in range(0, len(content), CHUNK)] or [b""]
+        pieces = [content[i : i + CHUNK] for i in range(0, len(content), CHUNK)] or [b""]
         for index, piece in enumerate(pieces):
             yield piece, index == len(pieces) - 1
         return
@@ -422,8 +508,10 @@ def record_lines(archive: zipfile.ZipFile, record: str) -> Iterator[tuple[int, l
             if row:
                 yield rows.line_num, row
     except csv.Error as exc:  # a field past the csv module's size limit, say
-        raise RocwheelsError(f"{archive.filename}: {record} line {rows.line_num} is not CSV ({exc})",
-                             fix="rebuild the wheel; its RECORD is damaged or was not written by a wheel build backend") from None
+        raise RocwheelsError(
+            f"{archive.filename}: {record} line {rows.line_num} is not CSV ({exc})",
+            fix="rebuild the wheel; its RECORD is damaged or was not written by a wheel build backend",
+        ) from None
 
 
 def record_rows(archive: zipfile.ZipFile, record: str) -> dict[str, tuple[str, str, str]]:
@@ -438,7 +526,7 @@ def _without_zip64(extra: bytes) -> bytes:
     while position + 4 <= len(extra):
         kind, length = struct.unpack_from("<HH", extra, position)
         if kind != _ZIP64_EXTRA:
-            kept += extra[position:position + 4 + length]
+            kept += extra[position : position + 4 + length]
         position += 4 + length
     return bytes(kept)
 
