@@ -28,6 +28,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from pipeline.build.sources import file_sha256
 from pipeline.config.layout import Layout
+from pipeline.description import python_tag
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.publish.index import page_links
@@ -214,7 +215,7 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, in
     """
     root = index_url.rstrip("/") + "/"
     prints = fingerprints(plan, layout.recipes_dir)
-    pythons = {f"cp{version.replace('.', '')}" for version in plan.line.python}
+    pythons = {python_tag(version) for step in plan.steps for version in step.python}
     fetched: dict[str, int] = {}
     for step in plan.steps:
         logger = recipe_logger(step.name)

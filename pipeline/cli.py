@@ -15,17 +15,9 @@ from pipeline.config.build_constraints import check_constraints, compile_constra
 from pipeline.config.layout import Layout
 from pipeline.config.recipes import LOCK_FILE, load_recipes
 from pipeline.config.targets import parse_targets
+from pipeline.description import describe_wheel
 from pipeline.errors import InputError, Interrupted, RocwheelsError
-from pipeline.plan import (
-    Plan,
-    describe,
-    label_aliases,
-    linked_pins,
-    plan_document,
-    select_plan,
-    wheel_origin,
-    wheel_version,
-)
+from pipeline.plan import Plan, describe, label_aliases, plan_document, select_plan
 from pipeline.util.log import setup_logging
 from pipeline.util.runlock import wheelhouse_lock
 
@@ -300,6 +292,13 @@ def wheels_command(
     default=None,
     help="wheels: ROCm from pip packages (TheRock), reached by $ORIGIN RPATHs (default: the lock line's)",
 )
+@click.option(
+    "--settings",
+    "settings_file",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="a build description (JSON, as rocwheels writes it for the container): its repair settings apply",
+)
 @click.pass_obj
 def repair_command(
     obj: Context,
@@ -313,19 +312,21 @@ def repair_command(
     plat: str | None,
     requires_pin: tuple[str, ...],
     rocm_provider: str | None,
+    settings_file: Path | None,
 ) -> None:
     """Repair wheels with auditwheel: ROCm libraries excluded, others grafted, RPATHs rewritten.
 
-    Settings come from the wheel's recipe and lock line when the recipes folder has them, plus
-    the options given (inside the builder container only the options apply).
+    Settings come from --settings, else from the wheel's build description (its provenance record,
+    or its recipe and lock line by its label) when the recipes folder has them, plus the options given.
     """
     from pipeline.repair.repair import RepairSettings, repair_wheel
 
     output = (wheel_dir or obj.layout.wheelhouse).resolve()
+    given = RepairSettings.read(settings_file) if settings_file else None
     with wheelhouse_lock(output):
         for wheel in _wheel_paths(wheels):
-            recipe, line = wheel_origin(obj.layout, wheel, rocm)
-            settings = RepairSettings.for_recipe(recipe, line).extended(
+            description = None if given else describe_wheel(obj.layout, wheel, rocm, None)
+            settings = (given or (description.repair if description else RepairSettings())).extended(
                 excludes=exclude,
                 link_packages=link_package,
                 extra_rpath=rpath,
@@ -360,27 +361,19 @@ def verify_command(
     """Prove what is inside each wheel; exit status 1 on any error."""
     from dataclasses import replace
 
-    from pipeline.verify.verify import (
-        Expectations,
-        expectations_for,
-        format_report,
-        reports_json,
-        verify_wheel,
-    )
+    from pipeline.verify.verify import Expectations, format_report, reports_json, verify_wheel
 
     # --arch "" is a mistake, not "no target check": only a missing --arch skips the check.
-    targets = tuple(t.processor for t in parse_targets(arch)) if arch is not None else None
+    targets = parse_targets(arch) if arch is not None else None
     # The smoke test's venv is made in the work folder, which a fresh clone does not have yet.
     obj.layout.work_dir.mkdir(parents=True, exist_ok=True)
     reports = []
     for wheel in _wheel_paths(wheels):
-        recipe, line = wheel_origin(obj.layout, wheel, rocm)
-        if recipe and line:
-            expect = expectations_for(
-                recipe, line, targets, version=wheel_version(recipe, line), pins=linked_pins(obj.layout, recipe, line)
-            )
+        description = describe_wheel(obj.layout, wheel, rocm, targets)
+        if description:
+            expect = replace(description.expect, find_links=wheel.parent if description.dependencies else None)
         else:
-            expect = Expectations(targets=targets)
+            expect = Expectations(targets=tuple(t.processor for t in targets) if targets is not None else None)
         if rocm_lib_dir:
             expect = replace(expect, layout=replace(expect.layout, rocm_lib_dir=rocm_lib_dir))
         reports.append(verify_wheel(wheel, expect, smoke=not no_smoke, scratch=obj.layout.work_dir))
@@ -393,20 +386,31 @@ def verify_command(
 @click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
 @click.option(
     "--rocm-lib-dir",
-    default="/opt/rocm/lib",
-    show_default=True,
-    help="where ROCm libraries are expected on the target machines",
+    default=None,
+    help="where ROCm libraries are expected on the target machines "
+    "(default: the wheel's lock line's; for a wheel the project cannot tell, /opt/rocm/lib or the ROCm packages)",
 )
-def inspect_command(wheels: tuple[Path, ...], rocm_lib_dir: str) -> None:
+@click.pass_obj
+def inspect_command(obj: Context, wheels: tuple[Path, ...], rocm_lib_dir: str | None) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
+    from dataclasses import replace
+
     from rich.console import Console
 
+    from pipeline.repair.repair import DEFAULT_ROCM_LIB_DIR
     from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
 
     # Piped output keeps whole library names rather than folding them at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     for wheel in _wheel_paths(wheels):
-        render(inspect_wheel(wheel, either_provider(rocm_lib_dir)), console)
+        description = describe_wheel(obj.layout, wheel, None, None)
+        if description is None:
+            layout = either_provider(rocm_lib_dir or DEFAULT_ROCM_LIB_DIR)
+        else:
+            layout = description.repair.target_layout()
+            if rocm_lib_dir:
+                layout = replace(layout, rocm_lib_dir=rocm_lib_dir)
+        render(inspect_wheel(wheel, layout), console)
 
 
 @cli.command("publish")

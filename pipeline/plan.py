@@ -1,13 +1,13 @@
-"""The plan: which recipes build in which order, with what environment and commands.
+"""The plan: which recipes build in which order, each with its resolved build description.
 
 Nothing here runs anything but a probe of the host's hipcc; ``rocwheels plan`` prints a plan
-and the build stage executes one.
+and the build stage executes one. What one recipe's wheels must be is resolved in
+:mod:`pipeline.description`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
 import sys
 from collections.abc import Sequence
@@ -15,40 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
 from pipeline.build.host import host_rocm_version
 from pipeline.config import lock as lockmod
 from pipeline.config.build_constraints import check_constraints
 from pipeline.config.layout import Layout
 from pipeline.config.lock import Line
-from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
-from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
+from pipeline.config.recipes import LOCK_FILE, RecipeFile, load_recipes
+from pipeline.config.targets import GpuTarget, check_supported, parse_targets
+from pipeline.description import BuildDescription, at_line, resolve, wheel_version
 from pipeline.errors import ConfigError, RocwheelsError
-from pipeline.repair.pins import linked_builds
 
 log = logging.getLogger("rocwheels")
-
-
-@dataclass(frozen=True)
-class Step:
-    """One recipe's build: its resolved environment and commands."""
-
-    recipe: Recipe
-    wheel_version: str  # what the built wheel must carry: 2.5.1+rocm6.2
-    env: dict[str, str]
-    pre: tuple[str, ...]
-    build_args: tuple[str, ...]
-    # (distribution, exact wheel version) of each depends_on recipe, installed before the build.
-    dependencies: tuple[tuple[str, str], ...] = ()
-    # The line's build-environment lock (recipes/constraints/<line>.txt), installed hash-checked first.
-    constraints: Path | None = None
-    # A `wheels` line's ROCm (TheRock pip packages), installed into the build environment first.
-    rocm_wheels: lockmod.RocmWheels | None = None
-
-    @property
-    def name(self) -> str:
-        return self.recipe.name
 
 
 @dataclass(frozen=True)
@@ -56,8 +33,12 @@ class Plan:
     line_name: str
     line: Line
     targets: tuple[GpuTarget, ...]
-    steps: tuple[Step, ...] = field(default=())
+    steps: tuple[BuildDescription, ...] = field(default=())
     driver: str = "local"  # "local" (this host) or "container" (the line's builder image)
+
+
+def running_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 def build_order(recipes: dict[str, RecipeFile], wanted: Sequence[str]) -> list[RecipeFile]:
@@ -90,128 +71,29 @@ def make_plan(
     driver: str = "local",
     constraints: Path | None = None,
 ) -> Plan:
-    """Order the recipes, check the targets against line and recipes, resolve every value."""
+    """Order the recipes, check the targets against the line, resolve each recipe's description."""
     check_supported(
         targets,
         line.targets,
         what=f"ROCm line {line_name} (ROCm {line.rocm}; recipes/lock.toml lines.{line_name}.targets)",
     )
-    ordered = [
-        for_targets(at_line(recipe, line_name, line, recipes_dir), targets, recipes_dir)
-        for recipe in build_order(recipes, wanted)
-    ]
-    by_name = {recipe.name: recipe for recipe in ordered}
-    jobs = jobs or default_jobs()
+    # The local driver builds with the Python running rocwheels, the container with the line's.
+    python = line.python if driver == "container" else (running_python(),)
     steps = tuple(
-        _step(
-            recipe,
-            line,
-            targets,
-            jobs,
-            tuple((by_name[d].dist_name, wheel_version(by_name[d], line)) for d in recipe.depends_on),
-            constraints,
+        resolve(
+            recipes,
+            recipe.name,
+            line_name=line_name,
+            line=line,
+            targets=targets,
+            python=python,
+            recipes_dir=recipes_dir,
+            jobs=jobs,
+            constraints=constraints,
         )
-        for recipe in ordered
+        for recipe in build_order(recipes, wanted)
     )
     return Plan(line_name, line, targets, steps, driver)
-
-
-# Upstream figures agree on about 8 GB per compile job for torch and flash-attention's CK kernels
-# (README: "What make wheels ARCH=gfx942 builds on a ROCm 7.2 build host").
-GB_PER_JOB = 8
-
-
-def default_jobs() -> int:
-    """Compile jobs when none are asked for: one per core, but no more than memory carries."""
-    return jobs_for(len(os.sched_getaffinity(0)), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def jobs_for(cores: int, memory_bytes: int) -> int:
-    return max(1, min(cores, memory_bytes // (GB_PER_JOB << 30)))
-
-
-def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -> Recipe:
-    """The recipe at the version line ``line_name`` pins."""
-    version = line.versions.get(recipe.name)
-    if version is None:
-        raise RocwheelsError(
-            f"recipe {recipe.name} is not pinned in ROCm line {line_name}",
-            fix=f"add it to [lines.{line_name}.versions] in recipes/lock.toml, or pick another line (ROCM=...)",
-        )
-    if version not in recipe.versions:
-        raise ConfigError(
-            recipes_dir / LOCK_FILE,
-            f"lines.{line_name}.versions.{recipe.name}",
-            f"{version} is not described in {recipe_path(recipes_dir, recipe.name)}",
-            fix=f'add [versions."{version}"] to {recipe_path(recipes_dir, recipe.name)}, or pin one of: {", ".join(recipe.versions)}',
-        )
-    return recipe.at(version, recipes_dir)
-
-
-def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Path) -> Recipe:
-    """The recipe as it builds for ``targets``: its fallback when they leave ``supported`` for it."""
-    where = f"recipe {recipe.name} {recipe.version} ({recipe_path(recipes_dir, recipe.name)} targets.supported)"
-    fallback = recipe.targets.fallback
-    if fallback is None or all(t.processor in recipe.targets.supported for t in targets):
-        check_supported(targets, recipe.targets.supported, what=where)
-        return recipe
-    check_supported(targets, (*recipe.targets.supported, *fallback.supported), what=where + " or its targets.fallback")
-    log.info(
-        "%s: %s need targets.fallback (%s)",
-        recipe.name,
-        ", ".join(str(t) for t in targets if t.processor not in recipe.targets.supported),
-        " ".join(f"{k}={v}" for k, v in fallback.env.items()),
-    )
-    return recipe.model_copy(
-        update={
-            "env": {**recipe.env, **fallback.env},
-            "smoke": recipe.smoke.model_copy(update={"env": {**recipe.smoke.env, **fallback.env}}),
-            "gpu_code": fallback.gpu_code,
-        }
-    )
-
-
-def _rocm_values(line: Line) -> dict[str, str]:
-    parts = line.rocm.split(".")
-    return {
-        "rocm": line.rocm,
-        "rocm_short": ".".join(parts[:2]),
-        "rocm_digits": "".join(parts)[:3],
-        "rocm_short_digits": "".join(parts[:2]),
-    }
-
-
-def wheel_version(recipe: Recipe, line: Line) -> str:
-    """The exact version a wheel of ``recipe`` built for ``line`` carries: ``2.5.1+rocm6.2``."""
-    return f"{recipe.version}+{recipe.local_version.format_map(_rocm_values(line))}"
-
-
-def _step(
-    recipe: Recipe,
-    line: Line,
-    targets: tuple[GpuTarget, ...],
-    jobs: int,
-    dependencies: tuple[tuple[str, str], ...],
-    constraints: Path | None,
-) -> Step:
-    version = wheel_version(recipe, line)
-    values = {
-        **_rocm_values(line),
-        "version": recipe.version,
-        "local_version": version.split("+", 1)[1],
-        "rocm_path": line.rocm_path,
-        "targets": format_targets(targets, separator=recipe.targets.separator, prefix=recipe.targets.prefix),
-        "jobs": str(jobs),
-    }
-    env = {
-        **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
-        **{key: value.format_map(values) for key, value in recipe.env.items()},
-        **line.env,
-        recipe.targets.env: values["targets"],
-    }
-    pre = tuple(command.format_map(values) for command in recipe.build.pre)
-    args = ("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args)
-    return Step(recipe, version, env, pre, args, dependencies, constraints, line.rocm_wheels)
 
 
 def describe(plan: Plan) -> str:
@@ -219,7 +101,7 @@ def describe(plan: Plan) -> str:
     lines = [
         f"ROCm line {plan.line_name}: ROCm {plan.line.rocm}, local version +{plan.line.local_version}",
         f"GPU targets: {', '.join(map(str, plan.targets))}",
-        f"Python: {', '.join(plan.line.python)} in the container; {sys.version_info.major}.{sys.version_info.minor} (this interpreter) with DRIVER=local",
+        f"Python: {', '.join(plan.line.python)} in the container; {running_python()} (this interpreter) with DRIVER=local",
     ]
     for number, step in enumerate(plan.steps, 1):
         recipe = step.recipe
@@ -244,7 +126,7 @@ def describe(plan: Plan) -> str:
 
 
 def plan_document(plan: Plan) -> dict[str, Any]:
-    """The plan for machines (``rocwheels plan --json``, CI): everything a build of it runs."""
+    """The plan for machines (``rocwheels plan --json``, CI): every step's whole description."""
     return {
         "line": plan.line_name,
         "rocm": plan.line.rocm,
@@ -255,29 +137,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         **({"rocm_wheels": plan.line.rocm_wheels.model_dump()} if plan.line.rocm_wheels else {}),
         "driver": plan.driver,
         "targets": [str(target) for target in plan.targets],
-        "python": list(plan.line.python)
-        if plan.driver == "container"
-        else [f"{sys.version_info.major}.{sys.version_info.minor}"],
-        "steps": [
-            {
-                "name": step.name,
-                "distribution": step.recipe.dist_name,
-                "version": step.recipe.version,
-                "wheel_version": step.wheel_version,
-                "source": step.recipe.source.model_dump(exclude_defaults=True),
-                "patches": list(step.recipe.patches),
-                "depends_on": list(step.recipe.depends_on),
-                "dependencies": [f"{name}=={version}" for name, version in step.dependencies],
-                "environment": step.env,
-                "requires": list(step.recipe.build.requires),
-                "constraints": str(step.constraints.relative_to(step.constraints.parents[1]))
-                if step.constraints
-                else None,
-                "commands": [*step.pre, f"python -m build {' '.join(step.build_args)}"],
-                "gpu_code": step.recipe.gpu_code,
-            }
-            for step in plan.steps
-        ],
+        "python": list(plan.line.python) if plan.driver == "container" else [running_python()],
+        "steps": [step.document() for step in plan.steps],
     }
 
 
@@ -331,7 +192,7 @@ def select_plan(
 
 def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_dir: Path) -> Line:
     """The line building for ``python`` alone (the local driver builds with the running Python anyway)."""
-    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    running = running_python()
     if driver == "local":
         if python != running:
             raise RocwheelsError(
@@ -347,37 +208,6 @@ def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_di
             fix=f"pick one of {', '.join(line.python)}, or add {python} to the line",
         )
     return line.model_copy(update={"python": (python,)})
-
-
-def wheel_origin(layout: Layout, wheel: Path, rocm: str | None) -> tuple[Recipe | None, Line | None]:
-    """The recipe that makes this wheel and the lock line it was built for, where they can be told."""
-    if not (layout.recipes_dir / LOCK_FILE).is_file():
-        return None, None  # outside a rocwheels project (inside the builder image, say)
-    try:
-        name, version = parse_wheel_filename(wheel.name)[:2]
-    except InvalidWheelFilename:
-        return None, None  # the stage's own wheel check explains what is wrong with it
-    recipes = load_recipes(layout.recipes_dir)
-    recipe_file = next((r for r in recipes.values() if r.dist_name == name.replace("-", "_")), None)
-    lock_file = lockmod.load_lock(layout.recipes_dir)
-    lines = {rocm: lock_file.line(rocm)} if rocm else lock_file.lock.lines
-    for line_name, line in lines.items():
-        pinned = recipe_file is not None and recipe_file.name in line.versions
-        recipe = at_line(recipe_file, line_name, line, layout.recipes_dir) if pinned else None
-        label = wheel_version(recipe, line) if recipe else f"{version.public}+{line.local_version}"
-        if rocm or label == str(version):
-            return recipe, line
-    return None, None
-
-
-def linked_pins(layout: Layout, recipe: Recipe, line: Line) -> tuple[str, ...]:
-    """The exact requirements ``recipe``'s wheels built for ``line`` carry (what verify checks)."""
-    recipes = load_recipes(layout.recipes_dir)
-    dependencies = [
-        (dep.dist_name, wheel_version(dep, line))
-        for dep in (recipes[name].at(line.versions[name], layout.recipes_dir) for name in recipe.depends_on)
-    ]
-    return linked_builds(recipe, dependencies)
 
 
 def label_aliases(layout: Layout) -> dict[str, str]:

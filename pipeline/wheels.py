@@ -10,7 +10,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.utils import parse_wheel_filename
@@ -21,17 +21,18 @@ from pipeline.build.host import host_rocm_version
 from pipeline.build.local import BuiltWheel, build_local, find_wheels
 from pipeline.build.sources import fetch_build_wheels
 from pipeline.config.layout import Layout, fresh_dir
+from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
-from pipeline.plan import Plan, Step
-from pipeline.repair.pins import linked_builds, pin_wheel
-from pipeline.repair.repair import RepairSettings, repair_wheel
+from pipeline.plan import Plan
+from pipeline.repair.pins import pin_wheel
+from pipeline.repair.repair import repair_wheel
 from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
-from pipeline.verify.verify import expectations_for, format_report, verify_wheel
+from pipeline.verify.verify import format_report, verify_wheel
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
-Driver = Callable[[Step, Layout, Callable[[str], None]], BuiltWheel]
+Driver = Callable[[BuildDescription, Layout, Callable[[str], None]], BuiltWheel]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class Outcome:
     detail: str = ""
 
 
-def local_driver(step: Step, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
+def local_driver(step: BuildDescription, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
     return build_local(step, layout, on_output=on_output)
 
 
@@ -85,7 +86,7 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
     return list(outcomes.values())
 
 
-def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple[tuple[Path, ...], str]:
+def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driver) -> tuple[tuple[Path, ...], str]:
     """Build, repair and verify every wheel of one recipe; accept them all or none."""
     logger = recipe_logger(step.name)
     log_file = layout.log_file(step.name)
@@ -93,31 +94,23 @@ def _one_recipe(plan: Plan, step: Step, layout: Layout, driver: Driver) -> tuple
         built = driver(step, layout, on_output)
     recipe = step.recipe
     staging = fresh_dir(layout.staging(step.name))
-    pins = linked_builds(recipe, step.dependencies)
-    settings = RepairSettings.for_step(step, plan.line)
     repaired = []
     for wheel in built.paths:
-        if built.repaired:  # in the builder image, with the same settings (pins included)
+        if built.repaired:  # in the builder image, from the same description
             repaired.append(wheel)
             continue
         if all(tag.platform == "any" for tag in parse_wheel_filename(wheel.name)[3]):
             # No compiled code to repair (flash-attention's Triton backend): only the pins to write.
+            pins = step.repair.requires_pins
             repaired.append(pin_wheel(wheel, staging, pins) if pins else wheel)
             continue
         logger.info("repairing %s", wheel.name)
-        repaired.append(repair_wheel(wheel, staging, settings, log_file=log_file, logger=logger))
+        repaired.append(repair_wheel(wheel, staging, step.repair, log_file=log_file, logger=logger))
     # The smoke test installs the exact builds next to the wheel: the line's from the wheelhouse, build wheels from their files.
-    requirements = (*pins, *map(str, fetch_build_wheels(recipe, layout.recipes_dir, logger)))
-    targets = (
-        tuple(t.processor for t in plan.targets) if recipe.gpu_code else None
-    )  # a fallback may compile no GPU code
-    expect = expectations_for(
-        recipe,
-        plan.line,
-        targets,
-        version=step.wheel_version,
-        pins=pins,
-        smoke_requirements=requirements,
+    build_wheels = tuple(map(str, fetch_build_wheels(recipe, layout.recipes_dir, logger)))
+    expect = replace(
+        step.expect,
+        smoke_requirements=(*step.expect.smoke_requirements, *build_wheels),
         find_links=layout.wheelhouse if step.dependencies else None,
     )
     for wheel in repaired:

@@ -314,7 +314,7 @@ def canary_targets(hip_targets, host_line) -> tuple[str, ...]:
     return targets
 
 
-def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
+def canary_plan(layout: Layout, line, targets: tuple[str, ...], driver: str = "local") -> Plan:
     name, lock_line = line
     return make_plan(
         load_recipes(layout.recipes_dir),
@@ -323,6 +323,7 @@ def canary_plan(layout: Layout, line, targets: tuple[str, ...]) -> Plan:
         line_name=name,
         line=lock_line,
         targets=parse_targets(";".join(targets)),
+        driver=driver,
     )
 
 

@@ -39,7 +39,9 @@ from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
 from pipeline.errors import RocwheelsError
-from pipeline.plan import Plan, Step, make_plan
+from pipeline.description import BuildDescription
+from pipeline.plan import Plan, make_plan
+from pipeline.repair.repair import RepairSettings
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import Kind, analyze_wheel
 from pipeline.wheels import make_wheels
@@ -56,7 +58,7 @@ SID_ARCH = ("gfx942", "gfx950")
 
 def line_plan(layout: Layout, name: str, arch: tuple[str, ...], **line_changes: str) -> Plan:
     line = load_lock(RECIPES).line(name).model_copy(update=line_changes)
-    return canary_plan(layout, (name, line), arch)
+    return canary_plan(layout, (name, line), arch, driver="container")
 
 
 def debian13_plan(layout: Layout, **line_changes: str) -> Plan:
@@ -88,6 +90,7 @@ def test_an_unpinned_registry_image_is_refused_before_anything_runs(layout: Layo
         line_name="rocm6.2",
         line=line,
         targets=parse_targets("gfx942"),
+        driver="container",
     )
     with pytest.raises(RocwheelsError) as error:
         container_driver(plan, layout, engine=NO_ENGINE)
@@ -128,8 +131,9 @@ def test_cibuildwheel_reads_the_settings_as_meant(layout: Layout, tmp_path: Path
     assert (build.build_frontend.name, list(build.build_frontend.args)) == ("build", ["--no-isolation"])
     assert build.before_build == "bash {project}/.rocwheels/before-build.sh {package}"
     assert build.test_command == "bash {project}/.rocwheels/smoke.sh"
+    # The repair in the image reads the step's own description, staged beside the scripts.
     assert build.repair_command.endswith(
-        "cd / && rocwheels repair {wheel} -w {dest_dir} --rocm-lib-dir /usr/lib/x86_64-linux-gnu"
+        "cd / && rocwheels repair {wheel} -w {dest_dir} --settings {project}/.rocwheels/build-description.json"
     )
 
 
@@ -143,6 +147,7 @@ def test_torchvision_settings_pass_isolation_repair_policy_and_dependencies(layo
         line_name="rocm6.2",
         line=line,
         targets=parse_targets("gfx90a;gfx942"),
+        driver="container",
     )
     step = plan.steps[-1]
     settings = cibuildwheel_env(
@@ -163,13 +168,14 @@ def test_torchvision_settings_pass_isolation_repair_policy_and_dependencies(layo
     environment = build.environment.as_dictionary({})
     assert environment["PIP_FIND_LINKS"] == "/project/.rocwheels/deps"
     assert environment["PYTORCH_ROCM_ARCH"] == "gfx90a;gfx942"
-    assert (
-        "--plat manylinux_2_28_x86_64 --link-package 'torch/lib:libtorch*.so*,libc10*.so*,libshm.so*,libtorch_python.so*'"
-        in build.repair_command
-    )
-    assert "--rocm-lib-dir /opt/rocm/lib" in build.repair_command
-    # The repair in the image writes the pin on the torch it links against.
-    assert "--requires-pin torch==2.5.1+rocm6.2" in build.repair_command
+    # What the repair in the image reads is the description's own settings: platform, linked
+    # package, ROCm folder and the pin on the torch it links against.
+    staged = step.write(tmp_path / "build-description.json")
+    settings_read = RepairSettings.read(staged)
+    assert settings_read == step.repair
+    assert settings_read.plat == "manylinux_2_28_x86_64" and settings_read.rocm_lib_dir == "/opt/rocm/lib"
+    assert settings_read.link_packages == ("torch/lib:libtorch*.so*,libc10*.so*,libshm.so*,libtorch_python.so*",)
+    assert settings_read.requires_pins == ("torch==2.5.1+rocm6.2",) == step.expect.pins
 
     script = before_build_script(step)
     installs = shlex.join([*step.recipe.build.requires, "torch==2.5.1+rocm6.2"])
@@ -266,7 +272,7 @@ def test_the_canary_builds_in_the_builder_image(
     driver = container_driver(plan, layout, engine=podman_engine)
     built: list[BuiltWheel] = []
 
-    def recording(step: Step, layout: Layout, on_output) -> BuiltWheel:
+    def recording(step: BuildDescription, layout: Layout, on_output) -> BuiltWheel:
         built.append(driver(step, layout, on_output))
         return built[-1]
 

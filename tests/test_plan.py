@@ -13,7 +13,8 @@ from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError, RocwheelsError
-from pipeline.plan import build_order, default_jobs, describe, jobs_for, make_plan
+from pipeline.description import default_jobs, jobs_for
+from pipeline.plan import build_order, describe, make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -216,27 +216,26 @@ def test_search_paths_must_be_absolute_single_folders(entry: str, tmp_path: Path
         RepairSettings(rocm_lib_dir=entry)
 
 
-def test_settings_come_from_recipe_and_line_and_reach_the_container_as_options() -> None:
+def test_settings_reach_the_container_as_a_description_file_and_read_back_equal(tmp_path: Path) -> None:
+    import json
+
     settings = RepairSettings(
         excludes=("libx.so*",), rocm_lib_dir="/usr/lib", link_packages=(LINK,), plat="manylinux_2_28_x86_64"
     )
     settings = settings.extended(excludes=("liby.so*",), requires_pins=("torch==2.14.1+rocm7.2",))
     assert settings.excludes == ("libx.so*", "liby.so*") and settings.links == (LinkPackage.parse(LINK),)
-    assert settings.cli_options() == [
-        "--rocm-lib-dir",
-        "/usr/lib",
-        "--plat",
-        "manylinux_2_28_x86_64",
-        "--exclude",
-        "libx.so*",
-        "--exclude",
-        "liby.so*",
-        "--link-package",
-        LINK,
-        "--requires-pin",
-        "torch==2.14.1+rocm7.2",
-    ]
+    description = tmp_path / "build-description.json"
+    description.write_text(json.dumps({"name": "x", "repair": settings.document()}))
+    assert RepairSettings.read(description) == settings
     assert settings.policy().is_excluded("liby.so.1") and settings.policy().is_excluded("libfakelink.so")
+
+
+def test_a_settings_file_that_is_not_a_description_is_named(tmp_path: Path) -> None:
+    for text in ("not json", "[]", '{"repair": {"excludes": []}}'):
+        path = tmp_path / "settings.json"
+        path.write_text(text)
+        with pytest.raises(RocwheelsError, match=str(path)):
+            RepairSettings.read(path)
 
 
 @pytest.mark.hipcc

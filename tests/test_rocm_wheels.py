@@ -327,13 +327,18 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
     assert "devices" in output
 
 
-def test_the_containers_repair_command_carries_the_wheels_provider(tmp_path):
+def test_the_description_of_a_wheels_line_repairs_with_the_rocm_packages(tmp_path):
     from pipeline.repair.repair import RepairSettings
 
-    line = load_lock(write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))).line(LINE)
-    options = RepairSettings.for_recipe(None, line).cli_options()
-    assert options == ["--rocm-provider", "wheels", "--requires-pin", REQUIRES]
-    # What the repair in the container rebuilds from those options is the line's own settings.
-    assert RepairSettings().extended(requires_pins=(REQUIRES,)).with_rocm_wheels() == RepairSettings.for_recipe(
-        None, line
+    recipes_dir = write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))
+    line = load_lock(recipes_dir).line(LINE)
+    plan = make_plan(
+        load_recipes(recipes_dir), ["rocm-canary"], recipes_dir=recipes_dir, line_name=LINE, line=line,
+        targets=parse_targets("gfx90a"),
     )
+    settings = plan.steps[0].repair
+    # What `rocwheels repair --rocm-provider wheels --requires-pin ...` gives is the line's own settings.
+    assert RepairSettings().extended(requires_pins=(REQUIRES,)).with_rocm_wheels() == settings
+    # verify checks every pin repair writes, against the same library layout.
+    assert plan.steps[0].expect.pins == settings.requires_pins == (REQUIRES,)
+    assert plan.steps[0].expect.layout == settings.target_layout()

@@ -46,9 +46,9 @@ from pipeline.config.layout import Layout, fresh_dir
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, Smoke
 from pipeline.config.rocm_wheels import BUILDER_ROCM_WHEELS
+from pipeline.description import BuildDescription, python_tag
 from pipeline.errors import RocwheelsError
-from pipeline.plan import Plan, Step
-from pipeline.repair.repair import RepairSettings
+from pipeline.plan import Plan
 from pipeline.util.cmd import run
 from pipeline.util.log import recipe_logger
 from pipeline.verify.smoke import gpu_present
@@ -61,6 +61,7 @@ CONTAINER_CCACHE = "/ccache"
 # In the source tree copied into the container; a name no build backend takes for a package.
 HELPERS = ".rocwheels"
 CONSTRAINTS = "build-constraints.txt"  # the line's build-environment lock, in HELPERS
+DESCRIPTION = "build-description.json"  # the step's build description, in HELPERS: what repair reads
 # ccache started under the name ``hipcc`` runs the real hipcc found on PATH through the cache;
 # before-build.sh makes this link, HIPCC points builds that honour it (the canary) at it.
 CCACHE_HIPCC = "/tmp/rocwheels-ccache/hipcc"
@@ -140,7 +141,7 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
     shared = remote_cache(plan.line_name)
     image: str | None = None
 
-    def drive(step: Step, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
+    def drive(step: BuildDescription, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
         nonlocal image
         logger = recipe_logger(step.name)
         started = time.monotonic()
@@ -187,7 +188,14 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
 
 
 def cibuildwheel_env(
-    plan: Plan, step: Step, *, engine: Engine, image: str, ccache: Path, gpu: bool, shared: RemoteCache | None = None
+    plan: Plan,
+    step: BuildDescription,
+    *,
+    engine: Engine,
+    image: str,
+    ccache: Path,
+    gpu: bool,
+    shared: RemoteCache | None = None,
 ) -> dict[str, str]:
     """The environment for cibuildwheel that builds ``step`` in ``image``: the driver's whole configuration.
 
@@ -231,7 +239,7 @@ def cibuildwheel_env(
         **passed,
         "CIBW_PLATFORM": "linux",
         "CIBW_ARCHS": "x86_64",
-        "CIBW_BUILD": " ".join(f"cp{version.replace('.', '')}-manylinux_x86_64" for version in line.python),
+        "CIBW_BUILD": " ".join(f"{python_tag(version)}-manylinux_x86_64" for version in step.python),
         "CIBW_MANYLINUX_X86_64_IMAGE": image,
         "CIBW_CONTAINER_ENGINE": f"{engine.name}; create_args: {shlex.join(create_args)}",
         "CIBW_ENVIRONMENT_PASS_LINUX": " ".join(passed),
@@ -240,12 +248,12 @@ def cibuildwheel_env(
         ),
         "CIBW_BUILD_FRONTEND": f"build; args: {shlex.join(frontend_args)}" if frontend_args else "build",
         "CIBW_BEFORE_BUILD": f"bash {{project}}/{HELPERS}/before-build.sh {{package}}",
-        "CIBW_REPAIR_WHEEL_COMMAND": repair_command(plan, step),
+        "CIBW_REPAIR_WHEEL_COMMAND": repair_command(),
         "CIBW_TEST_COMMAND": f"bash {{project}}/{HELPERS}/smoke.sh",
     }
 
 
-def _find_links(step: Step, line: Line) -> list[str]:
+def _find_links(step: BuildDescription, line: Line) -> list[str]:
     """Where pip finds the depends_on wheels, and a `wheels` line's ROCm packages (kept in the image)."""
     return [
         *([f"{CONTAINER_PROJECT}/{HELPERS}/deps"] if step.dependencies else []),
@@ -253,18 +261,17 @@ def _find_links(step: Step, line: Line) -> list[str]:
     ]
 
 
-def repair_command(plan: Plan, step: Step) -> str:
-    """The compiler cache statistics of the build just done, then ``rocwheels repair`` in the image."""
-    options = RepairSettings.for_step(step, plan.line).cli_options()
+def repair_command() -> str:
+    """The compiler cache statistics of the build just done, then ``rocwheels repair`` in the image
+    with the settings of the build description staged beside the helper scripts."""
     stats = (
         f"echo {shlex.quote(STATS_BEGIN)}; ccache --print-stats 2>/dev/null || ccache -s; echo {shlex.quote(STATS_END)}"
     )
-    # From /: a recipes/ folder in the project must not be taken for rocwheels' own (the options
-    # carry the recipe's and line's settings).
-    return f"{stats}; cd / && rocwheels repair {{wheel}} -w {{dest_dir}} {shlex.join(options)}"
+    # From /: a recipes/ folder in the project must not be taken for rocwheels' own.
+    return f"{stats}; cd / && rocwheels repair {{wheel}} -w {{dest_dir}} --settings {{project}}/{HELPERS}/{DESCRIPTION}"
 
 
-def before_build_script(step: Step, *, shared: bool = False) -> str:
+def before_build_script(step: BuildDescription, *, shared: bool = False) -> str:
     """``before-build.sh PACKAGE_DIR``: what runs in the container before each Python's build."""
     installs = [*step.recipe.build.requires, *(f"{name}=={version}" for name, version in step.dependencies)]
     lines = [
@@ -364,7 +371,9 @@ def ccache_note(log_text: str) -> str:
     return "ccache: no compiler call went through ccache"
 
 
-def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool, shared: RemoteCache | None) -> None:
+def _stage_helpers(
+    helpers: Path, step: BuildDescription, layout: Layout, gpu: bool, shared: RemoteCache | None
+) -> None:
     deps = helpers / "deps"
     deps.mkdir(parents=True)
     for name, version in step.dependencies:
@@ -372,17 +381,18 @@ def _stage_helpers(helpers: Path, step: Step, layout: Layout, gpu: bool, shared:
             shutil.copy2(wheel, deps)
     if step.constraints:
         shutil.copy2(step.constraints, helpers / CONSTRAINTS)
+    step.write(helpers / DESCRIPTION)
     (helpers / "before-build.sh").write_text(before_build_script(step, shared=shared is not None))
     (helpers / "smoke.sh").write_text(smoke_script(step.recipe.smoke, gpu=gpu, shared=shared is not None))
 
 
-def _one_per_python(step: Step, plan: Plan, raw: Path, log_file: Path) -> list[Path]:
+def _one_per_python(step: BuildDescription, plan: Plan, raw: Path, log_file: Path) -> list[Path]:
     """The built wheels in the line's Python order, exactly one for each Python."""
     by_python: dict[str, list[Path]] = {}
     for wheel in sorted(raw.glob("*.whl")):
         for interpreter in sorted({tag.interpreter for tag in parse_wheel_filename(wheel.name)[3]}):
             by_python.setdefault(interpreter, []).append(wheel)
-    wanted = [f"cp{version.replace('.', '')}" for version in plan.line.python]
+    wanted = [python_tag(version) for version in step.python]
     if any(len(by_python.get(python, ())) != 1 for python in wanted):
         found = ", ".join(w.name for w in sorted(raw.glob("*.whl"))) or "none"
         raise RocwheelsError(

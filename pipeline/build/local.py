@@ -21,8 +21,9 @@ from pipeline.build.compiler_cache import RemoteCache, SccacheServer, remote_cac
 from pipeline.build.sources import fetch_build_wheels, prepare_source
 from pipeline.config.layout import Layout, fresh_dir
 from pipeline.config.rocm_wheels import rocm_sdk_env
+from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
-from pipeline.plan import Plan, Step
+from pipeline.plan import Plan
 from pipeline.util.cmd import run
 from pipeline.util.log import recipe_logger
 
@@ -43,7 +44,11 @@ class BuiltWheel:
 
 
 def build_local(
-    step: Step, layout: Layout, *, on_output: Callable[[str], None] | None = None, cache: RemoteCache | None = None
+    step: BuildDescription,
+    layout: Layout,
+    *,
+    on_output: Callable[[str], None] | None = None,
+    cache: RemoteCache | None = None,
 ) -> BuiltWheel:
     """Build one recipe on this host: clean work folder, build venv, pre-build steps, pypa/build.
 
@@ -93,19 +98,19 @@ def build_local(
     return BuiltWheel(step.name, final, log_file, seconds, note=note)
 
 
-def local_driver_for(plan: Plan) -> Callable[[Step, Layout, Callable[[str], None]], BuiltWheel]:
+def local_driver_for(plan: Plan) -> Callable[[BuildDescription, Layout, Callable[[str], None]], BuiltWheel]:
     """The local build driver for ``plan``: through the shared compiler cache when one is configured."""
     cache = remote_cache(plan.line_name)
     if cache:
         recipe_logger("sccache").info("compiler cache: %s", cache.location)
 
-    def drive(step: Step, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
+    def drive(step: BuildDescription, layout: Layout, on_output: Callable[[str], None]) -> BuiltWheel:
         return build_local(step, layout, on_output=on_output, cache=cache)
 
     return drive
 
 
-def start_log(step: Step, layout: Layout, where: str) -> Path:
+def start_log(step: BuildDescription, layout: Layout, where: str) -> Path:
     """Begin the recipe's log file afresh for this build, and say where it is."""
     log_file = layout.log_file(step.name)
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +119,9 @@ def start_log(step: Step, layout: Layout, where: str) -> Path:
     return log_file
 
 
-def _build_venv(step: Step, layout: Layout, venv: Path, log_file: Path, logger: logging.LoggerAdapter) -> Path:
+def _build_venv(
+    step: BuildDescription, layout: Layout, venv: Path, log_file: Path, logger: logging.LoggerAdapter
+) -> Path:
     """A fresh venv with pypa/build, the recipe's build requirements and its dependencies' wheels."""
     run([sys.executable, "-m", "venv", venv], log_file=log_file, logger=logger)
     for name, version in step.dependencies:
@@ -161,7 +168,7 @@ def accepted_wheels(wheelhouse: Path, dist_name: str, version: str) -> list[Path
     return wheels
 
 
-def _the_wheel(step: Step, dist: Path, log_file: Path) -> Path:
+def _the_wheel(step: BuildDescription, dist: Path, log_file: Path) -> Path:
     wheels = sorted(dist.glob("*.whl"))
     if len(wheels) != 1:
         raise RocwheelsError(

@@ -46,9 +46,7 @@ from pipeline.util.log import LOGGER
 from pipeline.wheel.zipwrite import Added, copy_file, extract_members, piecewise_sha256, record_rows, write_stored
 
 if TYPE_CHECKING:
-    from pipeline.config.lock import Line
-    from pipeline.config.recipes import Recipe
-    from pipeline.plan import Step
+    from pipeline.wheel.analyze import TargetLayout
     from pipeline.wheel.elf import ElfInfo
 
 # Deflate level of the members repair changes (unchanged ones keep their bytes). zlib-ng level 5
@@ -97,28 +95,6 @@ class RepairSettings:
             _check_search_path(entry)
         object.__setattr__(self, "links", tuple(LinkPackage.parse(entry) for entry in self.link_packages))
 
-    @classmethod
-    def for_recipe(cls, recipe: Recipe | None, line: Line | None) -> RepairSettings:
-        """The settings of ``recipe``'s wheels on ``line`` (either may be unknown: defaults)."""
-        from pipeline.config.rocm_wheels import link_packages, requires_dist
-
-        repair = recipe.repair if recipe else None
-        return cls(
-            excludes=repair.exclude if repair else (),
-            rocm_lib_dir=line.lib_dir if line else DEFAULT_ROCM_LIB_DIR,
-            link_packages=(*(repair.link_packages if repair else ()), *(link_packages(line) if line else ())),
-            extra_rpath=repair.rpath if repair else (),
-            plat=line.platform if line else None,
-            requires_pins=requires_dist(line) if line else (),
-        )
-
-    @classmethod
-    def for_step(cls, step: Step, line: Line) -> RepairSettings:
-        """``for_recipe`` plus exact pins on the builds of the line that the step's wheels link against."""
-        from pipeline.repair.pins import linked_builds
-
-        return cls.for_recipe(step.recipe, line).extended(requires_pins=linked_builds(step.recipe, step.dependencies))
-
     def extended(
         self,
         *,
@@ -141,32 +117,62 @@ class RepairSettings:
         )
 
     def with_rocm_wheels(self) -> RepairSettings:
-        """These settings with ROCm from its pip packages (``--rocm-provider wheels``, what
-        ``for_recipe`` gives a `wheels` line): no ROCm folder, the packages' folders linked."""
+        """These settings with ROCm from its pip packages (``--rocm-provider wheels``, what a
+        `wheels` line's description holds): no ROCm folder, the packages' folders linked."""
         from pipeline.config.rocm_wheels import package_links
 
         return replace(
             self, rocm_lib_dir=None, link_packages=tuple(dict.fromkeys((*self.link_packages, *package_links())))
         )
 
-    def cli_options(self) -> list[str]:
-        """The same settings as ``rocwheels repair`` options (for a repair inside a container)."""
-        from pipeline.config.rocm_wheels import package_links
+    def document(self) -> dict[str, object]:
+        """The settings as JSON data: how a build description hands them to a repair in the container."""
+        return {
+            "excludes": list(self.excludes),
+            "rocm_lib_dir": self.rocm_lib_dir,
+            "link_packages": list(self.link_packages),
+            "extra_rpath": list(self.extra_rpath),
+            "plat": self.plat,
+            "requires_pins": list(self.requires_pins),
+        }
 
-        options = ["--rocm-provider", "wheels"] if self.rocm_lib_dir is None else ["--rocm-lib-dir", self.rocm_lib_dir]
-        # --rocm-provider wheels brings the ROCm packages' links itself.
-        links = [link for link in self.link_packages if self.rocm_lib_dir is not None or link not in package_links()]
-        if self.plat:
-            options += ["--plat", self.plat]
-        for flag, values in (
-            ("--exclude", self.excludes),
-            ("--link-package", links),
-            ("--rpath", self.extra_rpath),
-            ("--requires-pin", self.requires_pins),
-        ):
-            for value in values:
-                options += [flag, value]
-        return options
+    @classmethod
+    def from_document(cls, data: object, source: Path) -> RepairSettings:
+        """Settings from :meth:`document`'s data, read from ``source`` (named in the error)."""
+        fields = {"excludes", "rocm_lib_dir", "link_packages", "extra_rpath", "plat", "requires_pins"}
+        if not isinstance(data, dict) or set(data) != fields:
+            raise RocwheelsError(
+                f"{source}: not repair settings (expected the keys {', '.join(sorted(fields))})",
+                fix="pass the build description rocwheels wrote (rocwheels plan --json shows one)",
+            )
+        return cls(
+            excludes=tuple(data["excludes"]),
+            rocm_lib_dir=data["rocm_lib_dir"],
+            link_packages=tuple(data["link_packages"]),
+            extra_rpath=tuple(data["extra_rpath"]),
+            plat=data["plat"],
+            requires_pins=tuple(data["requires_pins"]),
+        )
+
+    @classmethod
+    def read(cls, path: Path) -> RepairSettings:
+        """The repair settings of the build description in ``path`` (``rocwheels repair --settings``)."""
+        import json
+
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise RocwheelsError(
+                f"{path}: not a readable build description ({exc})",
+                fix="pass the file rocwheels wrote (rocwheels plan --json shows the same data per step)",
+            ) from None
+        return cls.from_document(document.get("repair") if isinstance(document, dict) else None, path)
+
+    def target_layout(self) -> TargetLayout:
+        """Where the excluded libraries come from on the installing machine: what verify checks repair against."""
+        from pipeline.wheel.analyze import TargetLayout
+
+        return TargetLayout(rocm_lib_dir=self.rocm_lib_dir, link_packages=self.links, policy=self.policy())
 
     def policy(self) -> RocmPolicy:
         """ROCm's libraries, the recipe's excludes and the linked packages' libraries: never grafted."""

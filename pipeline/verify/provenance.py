@@ -16,12 +16,15 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipeline import rocwheels_version
 from pipeline.build.sources import IGNORED_NAMES, file_sha256
 from pipeline.errors import RocwheelsError
-from pipeline.plan import Plan, Step
+
+if TYPE_CHECKING:
+    from pipeline.description import BuildDescription
+    from pipeline.plan import Plan
 
 SUFFIX = ".provenance.json"
 # Bumped when the record's meaning changes: an older record then no longer matches.
@@ -71,7 +74,7 @@ def fingerprints(plan: Plan, recipes_dir: Path) -> dict[str, tuple[str, dict[str
     return result
 
 
-def _inputs(plan: Plan, step: Step, recipes_dir: Path) -> dict[str, Any]:
+def _inputs(plan: Plan, step: BuildDescription, recipes_dir: Path) -> dict[str, Any]:
     recipe = step.recipe
     source = recipe.source
     inputs: dict[str, Any] = {

@@ -1,0 +1,348 @@
+"""The build description: everything the stages need to know about one recipe's wheels, resolved once.
+
+:func:`resolve` turns (recipe, lock line, GPU targets, Python versions) into a frozen
+:class:`BuildDescription`: the wheel's version and file name, the build environment and commands,
+the repair settings, what verify expects and the smoke test's environment. Every stage takes the
+description; none works these facts out of a recipe or the lock on its own. A wheel found on its
+own (standalone ``repair`` / ``verify``) gets one from its provenance record or, failing that,
+from the lock by its local label: :func:`describe_wheel`, through :func:`resolve` again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+from pipeline.config import lock as lockmod
+from pipeline.config.layout import Layout
+from pipeline.config.lock import Line
+from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
+from pipeline.config.rocm_wheels import index_urls, link_packages, requires_dist
+from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.repair.pins import linked_builds
+from pipeline.repair.repair import RepairSettings
+from pipeline.verify.verify import Expectations
+
+log = logging.getLogger("rocwheels")
+
+# Upstream figures agree on about 8 GB per compile job for torch and flash-attention's CK kernels
+# (docs: "What make wheels ARCH=gfx942 builds on a ROCm 7.2 build host").
+GB_PER_JOB = 8
+
+
+@dataclass(frozen=True)
+class BuildDescription:
+    """One recipe's wheels on one lock line, for given GPU targets and Python versions."""
+
+    recipe: Recipe  # at the line's version, with its targets.fallback applied where the targets need it
+    line_name: str
+    line: Line
+    targets: tuple[GpuTarget, ...]
+    python: tuple[str, ...]  # X.Y, one wheel each
+    wheel_version: str  # what the built wheel must carry: 2.5.1+rocm6.2
+    env: dict[str, str]
+    pre: tuple[str, ...]
+    build_args: tuple[str, ...]
+    # (distribution, exact wheel version) of each depends_on recipe, installed before the build.
+    dependencies: tuple[tuple[str, str], ...]
+    # The line's build-environment lock (recipes/constraints/<line>.txt), installed hash-checked first.
+    constraints: Path | None
+    repair: RepairSettings
+    expect: Expectations  # what verify checks, the smoke test's environment and requirements included
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name
+
+    @property
+    def rocm_wheels(self) -> lockmod.RocmWheels | None:
+        """A `wheels` line's ROCm (TheRock pip packages), installed into the build environment first."""
+        return self.line.rocm_wheels
+
+    @property
+    def local_label(self) -> str:
+        return self.wheel_version.split("+", 1)[1]
+
+    def wheel_filename(self, python: str) -> str:
+        """The file name the wheel for ``python`` (X.Y) must get; ``*`` where auditwheel picks the platform."""
+        tag = python_tag(python)
+        return f"{self.recipe.dist_name}-{self.wheel_version}-{tag}-{tag}-{self.line.platform or '*'}.whl"
+
+    def document(self) -> dict[str, Any]:
+        """The description as JSON data: ``plan --json``, the expected plans, the container's settings file."""
+        expect = self.expect
+        return {
+            "name": self.name,
+            "distribution": self.recipe.dist_name,
+            "version": self.recipe.version,
+            "wheel_version": self.wheel_version,
+            "wheel_files": [self.wheel_filename(python) for python in self.python],
+            "line": self.line_name,
+            "targets": [str(target) for target in self.targets],
+            "python": list(self.python),
+            "source": self.recipe.source.model_dump(exclude_defaults=True),
+            "patches": list(self.recipe.patches),
+            "depends_on": list(self.recipe.depends_on),
+            "dependencies": [f"{name}=={version}" for name, version in self.dependencies],
+            "environment": self.env,
+            "requires": list(self.recipe.build.requires),
+            "constraints": str(self.constraints.relative_to(self.constraints.parents[1])) if self.constraints else None,
+            "commands": [*self.pre, f"python -m build {' '.join(self.build_args)}"],
+            "gpu_code": self.recipe.gpu_code,
+            "repair": self.repair.document(),
+            "verify": {
+                "targets": list(expect.targets) if expect.targets is not None else None,
+                "version": expect.version,
+                "platform": expect.platform,
+                "pins": list(expect.pins),
+                "smoke": expect.smoke.model_dump(mode="json") if expect.smoke else None,
+                "index_urls": list(expect.index_urls),
+            },
+        }
+
+    def write(self, path: Path) -> Path:
+        """The description as a JSON file (what ``rocwheels repair --settings`` reads in the container)."""
+        path.write_text(json.dumps(self.document(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        return path
+
+
+def python_tag(python: str) -> str:
+    """``cp311`` for Python ``3.11``."""
+    return "cp" + python.replace(".", "")
+
+
+def default_jobs() -> int:
+    """Compile jobs when none are asked for: one per core, but no more than memory carries."""
+    return jobs_for(len(os.sched_getaffinity(0)), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def jobs_for(cores: int, memory_bytes: int) -> int:
+    return max(1, min(cores, memory_bytes // (GB_PER_JOB << 30)))
+
+
+def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -> Recipe:
+    """The recipe at the version line ``line_name`` pins."""
+    version = line.versions.get(recipe.name)
+    if version is None:
+        raise RocwheelsError(
+            f"recipe {recipe.name} is not pinned in ROCm line {line_name}",
+            fix=f"add it to [lines.{line_name}.versions] in recipes/lock.toml, or pick another line (ROCM=...)",
+        )
+    if version not in recipe.versions:
+        raise ConfigError(
+            recipes_dir / LOCK_FILE,
+            f"lines.{line_name}.versions.{recipe.name}",
+            f"{version} is not described in {recipe_path(recipes_dir, recipe.name)}",
+            fix=f'add [versions."{version}"] to {recipe_path(recipes_dir, recipe.name)}, or pin one of: {", ".join(recipe.versions)}',
+        )
+    return recipe.at(version, recipes_dir)
+
+
+def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Path) -> Recipe:
+    """The recipe as it builds for ``targets``: its fallback when they leave ``supported`` for it."""
+    where = f"recipe {recipe.name} {recipe.version} ({recipe_path(recipes_dir, recipe.name)} targets.supported)"
+    fallback = recipe.targets.fallback
+    if fallback is None or all(t.processor in recipe.targets.supported for t in targets):
+        check_supported(targets, recipe.targets.supported, what=where)
+        return recipe
+    check_supported(targets, (*recipe.targets.supported, *fallback.supported), what=where + " or its targets.fallback")
+    log.info(
+        "%s: %s need targets.fallback (%s)",
+        recipe.name,
+        ", ".join(str(t) for t in targets if t.processor not in recipe.targets.supported),
+        " ".join(f"{k}={v}" for k, v in fallback.env.items()),
+    )
+    return recipe.model_copy(
+        update={
+            "env": {**recipe.env, **fallback.env},
+            "smoke": recipe.smoke.model_copy(update={"env": {**recipe.smoke.env, **fallback.env}}),
+            "gpu_code": fallback.gpu_code,
+        }
+    )
+
+
+def rocm_values(line: Line) -> dict[str, str]:
+    """The ``{rocm...}`` placeholders of recipes: ``7.2.1``, ``7.2``, ``721``, ``72``."""
+    parts = line.rocm.split(".")
+    return {
+        "rocm": line.rocm,
+        "rocm_short": ".".join(parts[:2]),
+        "rocm_digits": "".join(parts)[:3],
+        "rocm_short_digits": "".join(parts[:2]),
+    }
+
+
+def wheel_version(recipe: Recipe, line: Line) -> str:
+    """The exact version a wheel of ``recipe`` built for ``line`` carries: ``2.5.1+rocm6.2``."""
+    return f"{recipe.version}+{recipe.local_version.format_map(rocm_values(line))}"
+
+
+def resolve(
+    recipes: Mapping[str, RecipeFile],
+    name: str,
+    *,
+    line_name: str,
+    line: Line,
+    targets: tuple[GpuTarget, ...] | None,
+    python: tuple[str, ...] | None = None,
+    recipes_dir: Path,
+    jobs: int | None = None,
+    constraints: Path | None = None,
+) -> BuildDescription:
+    """The one place a recipe, its lock line, the GPU targets and the Python versions become a description.
+
+    ``targets`` None: not known (a wheel found on its own without a record); verify then reports
+    the wheel's targets without judging them.
+    """
+    recipe = at_line(recipes[name], line_name, line, recipes_dir)
+    if targets is not None:
+        recipe = for_targets(recipe, targets, recipes_dir)
+    version = wheel_version(recipe, line)
+    dependencies = tuple(
+        (dep.dist_name, wheel_version(dep, line))
+        for dep in (at_line(recipes[dep_name], line_name, line, recipes_dir) for dep_name in recipe.depends_on)
+    )
+    formatted_targets = format_targets(targets or (), separator=recipe.targets.separator, prefix=recipe.targets.prefix)
+    values = {
+        **rocm_values(line),
+        "version": recipe.version,
+        "local_version": version.split("+", 1)[1],
+        "rocm_path": line.rocm_path,
+        "targets": formatted_targets,
+        "jobs": str(jobs or default_jobs()),
+    }
+    env = {
+        **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
+        **{key: value.format_map(values) for key, value in recipe.env.items()},
+        **line.env,
+        recipe.targets.env: formatted_targets,
+    }
+    pins = (*requires_dist(line), *linked_builds(recipe, dependencies))
+    repair = RepairSettings(
+        excludes=recipe.repair.exclude,
+        rocm_lib_dir=line.lib_dir,
+        link_packages=(*recipe.repair.link_packages, *link_packages(line)),
+        extra_rpath=recipe.repair.rpath,
+        plat=line.platform,
+        requires_pins=pins,
+    )
+    expect = Expectations(
+        layout=repair.target_layout(),
+        targets=tuple(t.processor for t in targets) if targets is not None and recipe.gpu_code else None,
+        version=version,
+        platform=line.platform,
+        extra_rpath=repair.extra_rpath,
+        smoke=recipe.smoke,
+        # The smoke test installs the exact builds next to the wheel (the line's, from the wheelhouse).
+        smoke_requirements=linked_builds(recipe, dependencies),
+        pins=pins,
+        index_urls=index_urls(line),
+    )
+    return BuildDescription(
+        recipe=recipe,
+        line_name=line_name,
+        line=line,
+        targets=targets or (),
+        python=python or line.python,
+        wheel_version=version,
+        env=env,
+        pre=tuple(command.format_map(values) for command in recipe.build.pre),
+        build_args=("--wheel", *(() if recipe.build.isolation else ("--no-isolation",)), *recipe.build.args),
+        dependencies=dependencies,
+        constraints=constraints,
+        repair=repair,
+        expect=expect,
+    )
+
+
+def describe_wheel(
+    layout: Layout, wheel: Path, rocm: str | None, targets: tuple[GpuTarget, ...] | None
+) -> BuildDescription | None:
+    """The description of a wheel found on its own, where the project can tell it; None where it cannot.
+
+    The provenance record beside it names its recipe, line and targets; without one the lock
+    line whose label the wheel carries (or ``rocm``) and ``targets`` (None: not judged) decide.
+    """
+    from pipeline.verify.provenance import record_path
+
+    if not (layout.recipes_dir / LOCK_FILE).is_file():
+        return None  # outside a rocwheels project (inside the builder image, say)
+    try:
+        dist, version = parse_wheel_filename(wheel.name)[:2]
+    except InvalidWheelFilename:
+        return None  # the stage's own wheel check explains what is wrong with it
+    recipes = load_recipes(layout.recipes_dir)
+    lock_file = lockmod.load_lock(layout.recipes_dir)
+    recorded = _recorded_origin(record_path(wheel), recipes, lock_file, rocm)
+    if recorded is not None:
+        name, line_name, recorded_targets = recorded
+        return resolve(
+            recipes,
+            name,
+            line_name=line_name,
+            line=lock_file.line(line_name),
+            targets=targets if targets is not None else recorded_targets,
+            recipes_dir=layout.recipes_dir,
+        )
+    recipe_file = next((r for r in recipes.values() if r.dist_name == dist.replace("-", "_")), None)
+    if recipe_file is None:
+        return None
+    lines = {rocm: lock_file.line(rocm)} if rocm else lock_file.lock.lines
+    for line_name, line in lines.items():
+        if recipe_file.name not in line.versions:
+            continue
+        recipe = at_line(recipe_file, line_name, line, layout.recipes_dir)
+        if rocm or wheel_version(recipe, line) == str(version):
+            wanted = targets if targets is not None else _fallback_targets(recipe, wheel)
+            description = resolve(
+                recipes,
+                recipe_file.name,
+                line_name=line_name,
+                line=line,
+                targets=wanted,
+                recipes_dir=layout.recipes_dir,
+            )
+            if targets is None and wanted is not None:
+                # The fallback's environment applies; which of its targets were asked for is not known.
+                return replace(description, expect=replace(description.expect, targets=None))
+            return description
+    return None
+
+
+def _recorded_origin(
+    record: Path, recipes: Mapping[str, RecipeFile], lock_file: lockmod.LockFile, rocm: str | None
+) -> tuple[str, str, tuple[GpuTarget, ...] | None] | None:
+    """(recipe, line, targets) a wheel's provenance record names, where the project still has them."""
+    from pipeline.verify.provenance import Provenance
+
+    if not record.is_file():
+        return None
+    try:
+        inputs = Provenance.read(record).inputs
+    except RocwheelsError:
+        return None  # verify's provenance check reports the unreadable record
+    name = inputs.get("recipe", {}).get("name")
+    line_name = inputs.get("line", {}).get("name")
+    if name not in recipes or line_name not in lock_file.lock.lines or rocm not in (None, line_name):
+        return None
+    if name not in lock_file.line(line_name).versions:
+        return None
+    recorded = inputs.get("targets")
+    return name, line_name, parse_targets(";".join(recorded)) if recorded else None
+
+
+def _fallback_targets(recipe: Recipe, wheel: Path) -> tuple[GpuTarget, ...] | None:
+    """For a wheel without GPU code of a recipe whose fallback makes such wheels: the fallback's targets."""
+    fallback = recipe.targets.fallback
+    platforms = {tag.platform for tag in parse_wheel_filename(wheel.name)[3]}
+    if fallback is None or fallback.gpu_code or platforms != {"any"}:
+        return None
+    return parse_targets(";".join(p for p in fallback.supported if p not in recipe.targets.supported))
