@@ -15,7 +15,7 @@ from pipeline.config.build_constraints import check_constraints, compile_constra
 from pipeline.config.layout import Layout
 from pipeline.config.recipes import LOCK_FILE, load_recipes
 from pipeline.config.targets import parse_targets
-from pipeline.description import describe_wheel
+from pipeline.description import describe_wheel, unknown_wheel
 from pipeline.errors import InputError, Interrupted, RocwheelsError
 from pipeline.plan import Plan, describe, label_aliases, plan_document, select_plan
 from pipeline.util.log import setup_logging
@@ -326,7 +326,7 @@ def repair_command(
     with wheelhouse_lock(output):
         for wheel in _wheel_paths(wheels):
             description = None if given else describe_wheel(obj.layout, wheel, rocm, None)
-            settings = (given or (description.repair if description else RepairSettings())).extended(
+            settings = (given or (description.repair if description else unknown_wheel(None)[0])).extended(
                 excludes=exclude,
                 link_packages=link_package,
                 extra_rpath=rpath,
@@ -361,7 +361,7 @@ def verify_command(
     """Prove what is inside each wheel; exit status 1 on any error."""
     from dataclasses import replace
 
-    from pipeline.verify.verify import Expectations, format_report, reports_json, verify_wheel
+    from pipeline.verify.verify import format_report, reports_json, verify_wheel
 
     # --arch "" is a mistake, not "no target check": only a missing --arch skips the check.
     targets = parse_targets(arch) if arch is not None else None
@@ -373,7 +373,7 @@ def verify_command(
         if description:
             expect = replace(description.expect, find_links=wheel.parent if description.dependencies else None)
         else:
-            expect = Expectations(targets=tuple(t.processor for t in targets) if targets is not None else None)
+            expect = unknown_wheel(targets)[1]
         if rocm_lib_dir:
             expect = replace(expect, layout=replace(expect.layout, rocm_lib_dir=rocm_lib_dir))
         reports.append(verify_wheel(wheel, expect, smoke=not no_smoke, scratch=obj.layout.work_dir))

@@ -317,6 +317,14 @@ def describe_wheel(
     return None
 
 
+def unknown_wheel(targets: tuple[GpuTarget, ...] | None) -> tuple[RepairSettings, Expectations]:
+    """Repair settings and expectations for a wheel the project cannot describe: the defaults (ROCm
+    in /opt/rocm/lib, nothing pinned), its GPU targets judged only when given."""
+    repair = RepairSettings()
+    processors = tuple(t.processor for t in targets) if targets is not None else None
+    return repair, Expectations(layout=repair.target_layout(), targets=processors)
+
+
 def _recorded_origin(
     record: Path, recipes: Mapping[str, RecipeFile], lock_file: lockmod.LockFile, rocm: str | None
 ) -> tuple[str, str, tuple[GpuTarget, ...] | None] | None:

@@ -20,14 +20,10 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from pipeline.config.lock import Line
-from pipeline.config.recipes import Recipe, Smoke
-from pipeline.config.rocm_wheels import index_urls as rocm_index_urls
-from pipeline.config.rocm_wheels import link_packages as rocm_link_packages
+from pipeline.config.recipes import Smoke
 from pipeline.config.rocm_wheels import loaded_from_packages_check
 from pipeline.config.targets import runs_on
 from pipeline.repair.pins import missing_pins
-from pipeline.repair.policy import LinkPackage, load_policy
 from pipeline.verify.provenance import check_record
 from pipeline.verify.smoke import smoke_test
 from pipeline.wheel.analyze import (
@@ -310,30 +306,3 @@ def format_report(report: Report) -> str:
 
 def reports_json(reports: Sequence[Report]) -> str:
     return json.dumps([r.to_dict() for r in reports], indent=2)
-
-
-def expectations_for(
-    recipe: Recipe,
-    line: Line,
-    targets: tuple[str, ...] | None,
-    *,
-    version: str | None = None,
-    smoke_requirements: tuple[str, ...] = (),
-    find_links: Path | None = None,
-    pins: tuple[str, ...] = (),
-) -> Expectations:
-    """What a wheel of ``recipe`` built for ``line`` must be."""
-    links = tuple(LinkPackage.parse(entry) for entry in (*recipe.repair.link_packages, *rocm_link_packages(line)))
-    layout = TargetLayout(rocm_lib_dir=line.lib_dir, link_packages=links, policy=load_policy(recipe.repair.exclude))
-    return Expectations(
-        layout=layout,
-        targets=targets,
-        version=version,
-        platform=line.platform,
-        extra_rpath=recipe.repair.rpath,
-        smoke=recipe.smoke,
-        smoke_requirements=smoke_requirements,
-        find_links=find_links,
-        pins=pins,
-        index_urls=rocm_index_urls(line),
-    )
