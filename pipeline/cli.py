@@ -13,11 +13,10 @@ import click
 from pipeline.config import lock as lockmod
 from pipeline.config.build_constraints import check_constraints, compile_constraints
 from pipeline.config.layout import Layout
-from pipeline.config.recipes import LOCK_FILE, load_recipes
+from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
-from pipeline.description import describe_wheel, unknown_wheel
-from pipeline.errors import InputError, Interrupted, RocwheelsError
-from pipeline.plan import Plan, describe, label_aliases, plan_document, select_plan
+from pipeline.errors import Interrupted, RocwheelsError
+from pipeline.plan import Plan, describe, plan_document, select_plan
 from pipeline.util.log import setup_logging
 from pipeline.util.runlock import wheelhouse_lock
 
@@ -63,13 +62,12 @@ def target_options(command):
         envvar="ROCWHEELS_JOBS",
         help="parallel compile jobs ({jobs} in recipes); default: this machine's cores, at most one per 8 GB of memory",
     )(command)
-    command = click.option(
+    return click.option(
         "--python",
         default=None,
         envvar="ROCWHEELS_PYTHON",
         help="build for this one of the line's Python versions (X.Y; one CI job each); default: all",
     )(command)
-    return command
 
 
 def engine_option(command):
@@ -319,24 +317,22 @@ def repair_command(
     Settings come from --settings, else from the wheel's build description (its provenance record,
     or its recipe and lock line by its label) when the recipes folder has them, plus the options given.
     """
-    from pipeline.repair.repair import RepairSettings, repair_wheel
+    from pipeline.standalone import RepairOptions, repair_files
 
+    options = RepairOptions(
+        settings_file=settings_file,
+        rocm=rocm,
+        rocm_lib_dir=rocm_lib_dir,
+        excludes=exclude,
+        link_packages=link_package,
+        extra_rpath=rpath,
+        plat=plat,
+        requires_pins=requires_pin,
+        rocm_wheels=rocm_provider == "wheels",
+    )
     output = (wheel_dir or obj.layout.wheelhouse).resolve()
-    given = RepairSettings.read(settings_file) if settings_file else None
-    with wheelhouse_lock(output):
-        for wheel in _wheel_paths(wheels):
-            description = None if given else describe_wheel(obj.layout, wheel, rocm, None)
-            settings = (given or (description.repair if description else unknown_wheel(None)[0])).extended(
-                excludes=exclude,
-                link_packages=link_package,
-                extra_rpath=rpath,
-                requires_pins=requires_pin,
-                rocm_lib_dir=rocm_lib_dir,
-                plat=plat,
-            )
-            if rocm_provider == "wheels":
-                settings = settings.with_rocm_wheels()
-            click.echo(str(repair_wheel(wheel, output, settings)))
+    for repaired in repair_files(obj.layout, _wheel_paths(wheels), output, options):
+        click.echo(str(repaired))
 
 
 @cli.command("verify")
@@ -359,24 +355,14 @@ def verify_command(
     as_json: bool,
 ) -> None:
     """Prove what is inside each wheel; exit status 1 on any error."""
-    from dataclasses import replace
-
-    from pipeline.verify.verify import format_report, reports_json, verify_wheel
+    from pipeline.standalone import verify_files
+    from pipeline.verify.verify import format_report, reports_json
 
     # --arch "" is a mistake, not "no target check": only a missing --arch skips the check.
     targets = parse_targets(arch) if arch is not None else None
-    # The smoke test's venv is made in the work folder, which a fresh clone does not have yet.
-    obj.layout.work_dir.mkdir(parents=True, exist_ok=True)
-    reports = []
-    for wheel in _wheel_paths(wheels):
-        description = describe_wheel(obj.layout, wheel, rocm, targets)
-        if description:
-            expect = replace(description.expect, find_links=wheel.parent if description.dependencies else None)
-        else:
-            expect = unknown_wheel(targets)[1]
-        if rocm_lib_dir:
-            expect = replace(expect, layout=replace(expect.layout, rocm_lib_dir=rocm_lib_dir))
-        reports.append(verify_wheel(wheel, expect, smoke=not no_smoke, scratch=obj.layout.work_dir))
+    reports = verify_files(
+        obj.layout, _wheel_paths(wheels), targets=targets, rocm=rocm, rocm_lib_dir=rocm_lib_dir, smoke=not no_smoke
+    )
     click.echo(reports_json(reports) if as_json else "\n".join(format_report(r) for r in reports))
     if not all(r.ok for r in reports):
         sys.exit(1)
@@ -393,24 +379,15 @@ def verify_command(
 @click.pass_obj
 def inspect_command(obj: Context, wheels: tuple[Path, ...], rocm_lib_dir: str | None) -> None:
     """Table of a wheel's ELF files: needed libraries by origin, RPATHs, GPU targets."""
-    from dataclasses import replace
-
     from rich.console import Console
 
-    from pipeline.repair.repair import DEFAULT_ROCM_LIB_DIR
-    from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
+    from pipeline.standalone import inspect_files
+    from pipeline.verify.inspect_table import render
 
     # Piped output keeps whole library names rather than folding them at 80 columns.
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    for wheel in _wheel_paths(wheels):
-        description = describe_wheel(obj.layout, wheel, None, None)
-        if description is None:
-            layout = either_provider(rocm_lib_dir or DEFAULT_ROCM_LIB_DIR)
-        else:
-            layout = description.repair.target_layout()
-            if rocm_lib_dir:
-                layout = replace(layout, rocm_lib_dir=rocm_lib_dir)
-        render(inspect_wheel(wheel, layout), console)
+    for analysis in inspect_files(obj.layout, _wheel_paths(wheels), rocm_lib_dir):
+        render(analysis, console)
 
 
 @cli.command("publish")
@@ -459,36 +436,10 @@ def index_group() -> None:
 def index_build(obj: Context) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
     requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
-    from pipeline.config.rocm_wheels import constraint_pins
-    from pipeline.publish.index import (
-        build_static_index,
-        check_pinnable,
-        wheels_by_label,
-        write_constraints,
-        write_requirements,
-    )
+    from pipeline.publish.index import build_team_index
 
-    aliases = label_aliases(obj.layout)
-    if not obj.layout.wheelhouse.is_dir():
-        raise InputError(
-            f"no wheelhouse at {obj.layout.wheelhouse}",
-            fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse",
-        )
-    lock_lines = (
-        lockmod.load_lock(obj.layout.recipes_dir).lock.lines.values()
-        if (obj.layout.recipes_dir / LOCK_FILE).is_file()
-        else ()
-    )
-    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
-    with wheelhouse_lock(obj.layout.wheelhouse):
-        lines = wheels_by_label(obj.layout.wheelhouse, aliases)
-        check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
-        for root in build_static_index(obj.layout.wheelhouse, lines):
-            click.echo(f"index: {root}/")
-        for path in write_constraints(obj.layout.wheelhouse, lines, rocm_pins=rocm_pins):
-            click.echo(f"constraints: {path}")
-        for path in write_requirements(obj.layout.wheelhouse, lines):
-            click.echo(f"requirements: {path}")
+    for kind, path in build_team_index(obj.layout):
+        click.echo(f"{kind}: {path}{'/' if kind == 'index' else ''}")
 
 
 @index_group.command("mirror")

@@ -354,3 +354,19 @@ def _fallback_targets(recipe: Recipe, wheel: Path) -> tuple[GpuTarget, ...] | No
     if fallback is None or fallback.gpu_code or platforms != {"any"}:
         return None
     return parse_targets(";".join(p for p in fallback.supported if p not in recipe.targets.supported))
+
+
+def label_aliases(layout: Layout) -> dict[str, str]:
+    """Local labels packages give themselves -> their line's label (``rocm624`` -> ``rocm6.2``)."""
+    if not (layout.recipes_dir / LOCK_FILE).is_file():
+        return {}
+    recipes = load_recipes(layout.recipes_dir)
+    lock_file = lockmod.load_lock(layout.recipes_dir)
+    lockmod.check_lock(lock_file, recipes)  # a pin without its recipe is explained, not a KeyError
+    aliases = {}
+    for line_name, line in lock_file.lock.lines.items():
+        for name in line.versions:
+            label = wheel_version(at_line(recipes[name], line_name, line, layout.recipes_dir), line).split("+", 1)[1]
+            if label != line.local_version:
+                aliases[label] = line.local_version
+    return aliases

@@ -22,7 +22,7 @@ from pipeline.config.layout import Layout
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, load_recipes
 from pipeline.config.targets import GpuTarget, check_supported, parse_targets
-from pipeline.description import BuildDescription, at_line, resolve, wheel_version
+from pipeline.description import BuildDescription, resolve
 from pipeline.errors import ConfigError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
@@ -208,19 +208,3 @@ def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_di
             fix=f"pick one of {', '.join(line.python)}, or add {python} to the line",
         )
     return line.model_copy(update={"python": (python,)})
-
-
-def label_aliases(layout: Layout) -> dict[str, str]:
-    """Local labels packages give themselves -> their line's label (``rocm624`` -> ``rocm6.2``)."""
-    if not (layout.recipes_dir / LOCK_FILE).is_file():
-        return {}
-    recipes = load_recipes(layout.recipes_dir)
-    lock_file = lockmod.load_lock(layout.recipes_dir)
-    lockmod.check_lock(lock_file, recipes)  # a pin without its recipe is explained, not a KeyError
-    aliases = {}
-    for line_name, line in lock_file.lock.lines.items():
-        for name in line.versions:
-            label = wheel_version(at_line(recipes[name], line_name, line, layout.recipes_dir), line).split("+", 1)[1]
-            if label != line.local_version:
-                aliases[label] = line.local_version
-    return aliases

@@ -135,7 +135,7 @@ def test_plan_cli_unknown_target():
 
 def test_label_aliases_of_the_shipped_lock():
     from pipeline.config.layout import Layout
-    from pipeline.plan import label_aliases
+    from pipeline.description import label_aliases
 
     assert label_aliases(Layout(REPO / "recipes", REPO / "wheelhouse", REPO / "build")) == {
         "rocm624": "rocm6.2",

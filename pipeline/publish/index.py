@@ -22,8 +22,9 @@ from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_fi
 from packaging.version import Version
 
 from pipeline.build.sources import file_sha256
+from pipeline.config.layout import Layout
 from pipeline.errors import RocwheelsError
-from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, PARTIAL_SUFFIX
+from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, PARTIAL_SUFFIX, wheelhouse_lock
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.wheel.archive import check_wheel
 
@@ -280,3 +281,31 @@ def page_links(page: str) -> list[str]:
     anchors = _Anchors()
     anchors.feed(page)
     return anchors.hrefs
+
+
+def build_team_index(layout: Layout) -> list[tuple[str, Path]]:
+    """``rocwheels index build``: the static index, constraints and hashed requirements of every line
+    in the wheelhouse, written together; returns (kind, path) of each."""
+    from pipeline.config import lock as lockmod
+    from pipeline.config.recipes import LOCK_FILE
+    from pipeline.config.rocm_wheels import constraint_pins
+    from pipeline.description import label_aliases
+    from pipeline.errors import InputError
+
+    aliases = label_aliases(layout)
+    if not layout.wheelhouse.is_dir():
+        raise InputError(
+            f"no wheelhouse at {layout.wheelhouse}",
+            fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse",
+        )
+    lock_lines = (
+        lockmod.load_lock(layout.recipes_dir).lock.lines.values() if (layout.recipes_dir / LOCK_FILE).is_file() else ()
+    )
+    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
+    with wheelhouse_lock(layout.wheelhouse):
+        lines = wheels_by_label(layout.wheelhouse, aliases)
+        check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
+        written = [("index", root) for root in build_static_index(layout.wheelhouse, lines)]
+        written += [("constraints", path) for path in write_constraints(layout.wheelhouse, lines, rocm_pins=rocm_pins)]
+        written += [("requirements", path) for path in write_requirements(layout.wheelhouse, lines)]
+    return written
