@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from pipeline.build.host import host_rocm_version
 from pipeline.config import lock as lockmod
 from pipeline.config.build_constraints import check_constraints
@@ -23,7 +25,7 @@ from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, load_recipes
 from pipeline.config.targets import GpuTarget, check_supported, parse_targets
 from pipeline.description import BuildDescription, resolve
-from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.errors import ConfigError, InputError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
 
@@ -172,6 +174,8 @@ def select_plan(
     line_name, line = lockmod.select_line(lock_file, rocm, host)
     if python is not None:
         line = _for_python(python, line_name, line, driver, layout.recipes_dir)
+    if driver == "local" and rocm and not line.rocm_wheels:
+        _check_host_toolchain(line_name, line, lock_file.lock.lines)
     for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
         log.warning("warning: %s", warning)
     constraints = check_constraints(all_recipes, lock_file, line_name)
@@ -188,6 +192,26 @@ def select_plan(
         driver=driver,
         constraints=constraints,
     )
+
+
+def _check_host_toolchain(line_name: str, line: Line, lines: dict[str, Line]) -> None:
+    """A local build compiles with this host's ROCm: refuse a line of another release before anything runs
+    (a `wheels` line brings its ROCm as pip packages, so any host will do)."""
+    host = host_rocm_version()
+    if host is None:
+        raise InputError(
+            f"ROCm line {line_name} builds with DRIVER=local on this host, which has no ROCm toolchain "
+            "(no /opt/rocm/.info/version, no hipcc)",
+            fix=f"build in the builder image (DRIVER=container ROCM={line_name}), or install ROCm {line.rocm} here",
+        )
+    if Version(host).release[:2] != Version(line.rocm).release[:2]:
+        own = [name for name, other in lines.items() if Version(other.rocm).release[:2] == Version(host).release[:2]]
+        raise InputError(
+            f"ROCm line {line_name} is ROCm {line.rocm}, this host's toolchain is ROCm {host}: a local build would "
+            "compile with the wrong release (its hipcc may reject the line's GPU targets)",
+            fix=f"build it in the builder image (DRIVER=container ROCM={line_name})"
+            + (f", or build this host's line (ROCM={own[0]})" if own else ""),
+        )
 
 
 def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_dir: Path) -> Line:

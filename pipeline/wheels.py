@@ -17,12 +17,13 @@ from packaging.utils import parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.build.diagnose import first_error_in
 from pipeline.build.host import host_rocm_version
 from pipeline.build.local import BuiltWheel, build_local, find_wheels
 from pipeline.build.sources import fetch_build_wheels
 from pipeline.config.layout import Layout, fresh_dir
 from pipeline.description import BuildDescription
-from pipeline.errors import RocwheelsError
+from pipeline.errors import CommandError, RocwheelsError
 from pipeline.plan import Plan
 from pipeline.repair.pins import pin_wheel
 from pipeline.repair.repair import repair_wheel
@@ -81,7 +82,7 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
         except RocwheelsError as exc:
             recipe_logger(step.name).error("failed: %s", exc)
             outcomes[step.name] = Outcome(
-                step.name, "failed", (), time.monotonic() - started, exc.message.splitlines()[0]
+                step.name, "failed", (), time.monotonic() - started, _cause(exc, layout, step)
             )
     return list(outcomes.values())
 
@@ -130,6 +131,15 @@ def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driv
         stale.unlink()
         record_path(stale).unlink(missing_ok=True)
     return accepted, built.note
+
+
+def _cause(exc: RocwheelsError, layout: Layout, step: BuildDescription) -> str:
+    """The summary's one line: a failed command's first compiler error (from the recipe's log), else the message's first line."""
+    if isinstance(exc, CommandError):
+        found = first_error_in(layout.log_file(step.name))
+        if found:
+            return f"{found} (log: {layout.log_file(step.name)})"
+    return exc.message.splitlines()[0]
 
 
 def _toolchain(plan: Plan) -> dict[str, str]:
