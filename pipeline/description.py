@@ -26,6 +26,7 @@ from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
 from pipeline.config.rocm_wheels import index_urls, link_packages, requires_dist
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
+from pipeline.config.toolchain import python_tag
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.repair.pins import linked_builds
 from pipeline.repair.repair import RepairSettings
@@ -112,11 +113,6 @@ class BuildDescription:
         """The description as a JSON file (what ``rocwheels repair --settings`` reads in the container)."""
         path.write_text(json.dumps(self.document(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return path
-
-
-def python_tag(python: str) -> str:
-    """``cp311`` for Python ``3.11``."""
-    return "cp" + python.replace(".", "")
 
 
 def default_jobs() -> int:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import logging
-import os
 import shutil
 import tarfile
 import tempfile
@@ -18,6 +16,7 @@ from pipeline.config.layout import cache_dir
 from pipeline.config.recipes import Recipe, recipe_path
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.util.cmd import run
+from pipeline.util.files import atomic_write, file_sha256
 
 # Build products a source folder of this repo may hold from a manual build; never copied.
 IGNORED_NAMES = ("build", "dist", "__pycache__", ".git")
@@ -104,17 +103,16 @@ def _download(
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s", url)
-    partial = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False)
-    try:
-        with partial:
-            try:
-                with urllib.request.urlopen(url, timeout=60) as response:
-                    shutil.copyfileobj(response, partial)
-            except (OSError, ValueError, http.client.HTTPException) as exc:
-                raise RocwheelsError(
-                    f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache"
-                ) from None
-        digest = file_sha256(Path(partial.name))
+    # 0o600: the cache's downloads stay private to their user, as they always were.
+    with atomic_write(target, mode=0o600) as partial:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                shutil.copyfileobj(response, partial)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise RocwheelsError(
+                f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache"
+            ) from None
+        digest = file_sha256(partial)
         if digest != sha256:
             raise ConfigError(
                 recipe_file,
@@ -122,19 +120,7 @@ def _download(
                 f"{url} has sha256 {digest}, the recipe expects {sha256}",
                 fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed",
             )
-        os.replace(partial.name, target)
-    except BaseException:
-        Path(partial.name).unlink(missing_ok=True)
-        raise
     return target
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _unpack(archive: Path, dest: Path) -> None:

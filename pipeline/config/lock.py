@@ -21,6 +21,7 @@ from pydantic import AfterValidator, field_validator, model_validator
 from pipeline.config.models import Model, read_toml, validate
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, recipe_path
 from pipeline.config.targets import known_processor_list
+from pipeline.config.toolchain import ROCM_PATH, rocm_lib_dir
 from pipeline.errors import ConfigError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
@@ -79,7 +80,7 @@ class Line(Model):
     python: tuple[str, ...]
     targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)]
     targets_source: str = ""
-    rocm_path: str = "/opt/rocm"  # "" for a distribution's ROCm in the system folders
+    rocm_path: str = ROCM_PATH  # "" for a distribution's ROCm in the system folders
     rocm_lib_dir: str | None = None
     platform: str | None = None
     # Build environment this line's toolchain wants for every recipe (over the recipe's own env).
@@ -138,7 +139,7 @@ class Line(Model):
         """The machine's ROCm library folder; None when ROCm comes from pip packages."""
         if self.rocm_provider == "wheels":
             return None
-        return self.rocm_lib_dir or f"{self.rocm_path.rstrip('/') or '/usr'}/lib"
+        return self.rocm_lib_dir or rocm_lib_dir(self.rocm_path)
 
 
 class Rule(Model):

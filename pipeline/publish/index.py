@@ -21,10 +21,10 @@ from urllib.parse import quote
 from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
 from packaging.version import Version
 
-from pipeline.build.sources import file_sha256
 from pipeline.config.layout import Layout
 from pipeline.errors import RocwheelsError
-from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, PARTIAL_SUFFIX, wheelhouse_lock
+from pipeline.util.files import atomic_write, file_sha256
+from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, wheelhouse_lock
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.wheel.archive import check_wheel
 
@@ -231,13 +231,8 @@ def _write_pin_files(
                 *rocm_pins[label],
             ]
         path = wheelhouse / file_name(label)
-        pending = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
-        try:
-            pending.write_text("\n".join(text) + "\n", encoding="utf-8")
-            os.replace(pending, path)
-        except BaseException:
-            pending.unlink(missing_ok=True)
-            raise
+        with atomic_write(path) as pending:
+            pending.write(("\n".join(text) + "\n").encode("utf-8"))
         log.info("%s: %d pins -> %s", path.name, len(pins), path)
         written.append(path)
     return tuple(written)

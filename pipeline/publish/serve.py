@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import re
 import shlex
 import socket
@@ -29,6 +28,7 @@ from urllib.request import urlopen
 from passlib.apache import HtpasswdFile
 
 from pipeline.errors import InputError, RocwheelsError
+from pipeline.util.files import atomic_write
 
 log = logging.getLogger("rocwheels")
 
@@ -64,16 +64,9 @@ def add_htpasswd_user(htpasswd: Path, username: str, password: str) -> None:
     users = _load_htpasswd(htpasswd) if not new else HtpasswdFile(new=True, default_scheme=_HTPASSWD_SCHEME)
     users.set_password(username, password)
     htpasswd.parent.mkdir(parents=True, exist_ok=True)
-    pending = htpasswd.with_name(f".{htpasswd.name}.partial")
-    try:
-        # Private from the first byte written, then one rename: a reader sees the old file or the new one.
-        descriptor = os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(users.to_string())
-        os.replace(pending, htpasswd)
-    except BaseException:
-        pending.unlink(missing_ok=True)
-        raise
+    # Private from the first byte written, then one rename: a reader sees the old file or the new one.
+    with atomic_write(htpasswd, mode=0o600) as stream:
+        stream.write(users.to_string())
     log.info("%s: password set for %s", htpasswd, username)
 
 

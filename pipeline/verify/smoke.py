@@ -15,6 +15,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from pipeline.config.recipes import Smoke
+from pipeline.config.toolchain import python_version
 from pipeline.errors import CommandError
 from pipeline.util.cmd import run
 
@@ -35,11 +36,11 @@ def gpu_present() -> bool:
 def interpreter_for(wheel: Path) -> str | None:
     """A Python on this machine that can install the wheel (its cpXY tag), or None."""
     tags = parse_wheel_filename(wheel.name)[3]
-    versions = {tag.interpreter[2:] for tag in tags if tag.interpreter.startswith("cp")}
-    if not versions or f"{sys.version_info.major}{sys.version_info.minor}" in versions:
+    versions = {version for tag in tags if (version := python_version(tag.interpreter))}
+    if not versions or f"{sys.version_info.major}.{sys.version_info.minor}" in versions:
         return sys.executable
     for version in sorted(versions):
-        found = shutil.which(f"python{version[0]}.{version[1:]}")
+        found = shutil.which(f"python{version}")
         # A pyenv shim is on PATH for every version it knows, and fails for the inactive ones.
         if found and run([found, "-c", ""], check=False, quiet=True).returncode == 0:
             return found

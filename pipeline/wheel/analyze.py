@@ -20,6 +20,7 @@ from enum import Enum
 from functools import cache
 from pathlib import Path
 
+from pipeline.config.toolchain import rocm_lib_dir
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
 from pipeline.wheel.archive import WheelInfo, check_wheel, extract, open_wheel
 from pipeline.wheel.elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
@@ -77,7 +78,7 @@ class ElfMember:
 class TargetLayout:
     """Where excluded libraries come from on the machine that installs the wheel."""
 
-    rocm_lib_dir: str | None = "/opt/rocm/lib"  # None: ROCm from pip packages, among link_packages
+    rocm_lib_dir: str | None = rocm_lib_dir()  # None: ROCm from pip packages, among link_packages
     link_packages: tuple[LinkPackage, ...] = ()  # torch's libraries from site-packages/torch/lib
     policy: RocmPolicy = field(default_factory=load_policy)
 

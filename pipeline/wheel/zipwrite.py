@@ -17,7 +17,6 @@ import hashlib
 import io
 import os
 import struct
-import tempfile
 import threading
 import zipfile
 from collections import deque
@@ -30,6 +29,7 @@ from pathlib import Path
 from zlib_ng import zlib_ng
 
 from pipeline.errors import RocwheelsError
+from pipeline.util.files import atomic_write
 
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
@@ -78,46 +78,39 @@ def write_wheel(
     changed = dict(changed or {})
     added = dict(added or {})
     dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
-    # mkstemp makes the file 0600; a wheel is served and installed by other users (index, web server).
-    os.fchmod(handle, 0o666 & ~_umask())
-    temp = Path(temp_name)
-    try:
-        with zipfile.ZipFile(source) as archive, open(source, "rb") as raw, os.fdopen(handle, "w+b") as out:
-            unknown = set(changed) - set(archive.namelist())
-            if unknown:
-                raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
-            rows = record_rows(archive, record)
-            writer = _Writer(out, force_zip64)
-            with ThreadPoolExecutor(
-                max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
-            ) as pool:
-                new_rows: list[tuple[str, str, str]] = []
-                for member in archive.infolist():
-                    if member.filename == record or member.filename in dropped:
-                        continue
-                    content = changed.get(member.filename)
-                    if content is None:
-                        writer.copy(raw, member)
-                        if not member.is_dir():
-                            new_rows.append(rows.get(member.filename) or (member.filename, "", ""))
-                    else:
-                        new_rows.append(writer.deflate(pool, member.filename, content, _like(member), level))
-                for name, entry in added.items():
-                    info = zipfile.ZipInfo(name, date_time=_newest(archive))
-                    info.external_attr = (0o100000 | entry.mode) << 16
-                    new_rows.append(writer.deflate(pool, name, entry.content, info, level))
-                new_rows.append((record, "", ""))
-                text = io.StringIO()
-                csv.writer(text, lineterminator="\n").writerows(new_rows)
-                writer.deflate(pool, record, text.getvalue().encode("utf-8"), _like(archive.getinfo(record)), level)
-            writer.finish()
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, dest)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    with (
+        atomic_write(dest, sync=True) as out,
+        zipfile.ZipFile(source) as archive,
+        open(source, "rb") as raw,
+    ):
+        unknown = set(changed) - set(archive.namelist())
+        if unknown:
+            raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
+        rows = record_rows(archive, record)
+        writer = _Writer(out, force_zip64)
+        with ThreadPoolExecutor(
+            max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
+        ) as pool:
+            new_rows: list[tuple[str, str, str]] = []
+            for member in archive.infolist():
+                if member.filename == record or member.filename in dropped:
+                    continue
+                content = changed.get(member.filename)
+                if content is None:
+                    writer.copy(raw, member)
+                    if not member.is_dir():
+                        new_rows.append(rows.get(member.filename) or (member.filename, "", ""))
+                else:
+                    new_rows.append(writer.deflate(pool, member.filename, content, _like(member), level))
+            for name, entry in added.items():
+                info = zipfile.ZipInfo(name, date_time=_newest(archive))
+                info.external_attr = (0o100000 | entry.mode) << 16
+                new_rows.append(writer.deflate(pool, name, entry.content, info, level))
+            new_rows.append((record, "", ""))
+            text = io.StringIO()
+            csv.writer(text, lineterminator="\n").writerows(new_rows)
+            writer.deflate(pool, record, text.getvalue().encode("utf-8"), _like(archive.getinfo(record)), level)
+        writer.finish()
     return dest
 
 
@@ -548,12 +541,6 @@ def _newest(archive: zipfile.ZipFile) -> tuple[int, int, int, int, int, int]:
     return max((info.date_time for info in archive.infolist()), default=(1980, 1, 1, 0, 0, 0))
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
 def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Path | None:
     """``source`` to ``dest`` atomically, for a wheel that needs no change.
 
@@ -561,24 +548,22 @@ def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Pa
     nothing is written (None).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
-    temp = Path(temp_name)
     try:
-        # Into the file mkstemp opened: opening it again by name would truncate it, and ext4 then
-        # writes the whole file back when it is closed (its guard for files rewritten in place):
-        # 36 ms of a 0.1 s copy of jax's 130 MB wheel.
-        with open(source, "rb") as data, os.fdopen(handle, "wb") as copy, ThreadPoolExecutor(1) as hasher:
+        # Into the file atomic_write opened: opening it again by name would truncate it, and ext4
+        # then writes the whole file back when it is closed (its guard for files rewritten in
+        # place): 36 ms of a 0.1 s copy of jax's 130 MB wheel.
+        with atomic_write(dest) as copy, open(source, "rb") as data, ThreadPoolExecutor(1) as hasher:
             digest = hasher.submit(piecewise_sha256, source) if fingerprint else None  # while the kernel copies
             _copy_range(data, copy, os.fstat(data.fileno()).st_size)
             if digest and digest.result() != fingerprint:
-                temp.unlink()
-                return None
-        temp.chmod(0o666 & ~_umask())
-        os.replace(temp, dest)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+                raise _OtherBytes
+    except _OtherBytes:
+        return None
     return dest
+
+
+class _OtherBytes(Exception):
+    """The bytes copied are not the ones asked for: the copy is dropped."""
 
 
 def piecewise_sha256(path: Path) -> str:
