@@ -26,12 +26,12 @@ from typing import Any, BinaryIO
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from pipeline.build.sources import file_sha256
 from pipeline.config.layout import Layout
-from pipeline.description import python_tag
+from pipeline.config.toolchain import python_tag
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.publish.index import page_links
+from pipeline.util.files import file_sha256
 from pipeline.util.log import recipe_logger
 from pipeline.verify.provenance import Provenance, fingerprints, is_current, record_path
 

@@ -180,7 +180,7 @@ def select_plan(
         log.warning("warning: %s", warning)
     constraints = check_constraints(all_recipes, lock_file, line_name)
     wanted = _split(recipes) or list(line.versions)
-    targets = targets or parse_targets(";".join(line.targets))
+    targets = targets or line.default_targets
     return make_plan(
         all_recipes,
         wanted,

@@ -46,7 +46,8 @@ from pipeline.config.layout import Layout, fresh_dir
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, Smoke
 from pipeline.config.rocm_wheels import BUILDER_ROCM_WHEELS
-from pipeline.description import BuildDescription, python_tag
+from pipeline.config.toolchain import HIP_ENV, python_tag
+from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.util.cmd import run
@@ -214,7 +215,7 @@ def cibuildwheel_env(
         )
     launcher = "sccache" if shared else "ccache"
     defaults = {
-        "HIP_PLATFORM": "amd",
+        **HIP_ENV,
         **({"SCCACHE_BASEDIRS": CONTAINER_PROJECT} if shared else {"CCACHE_DIR": CONTAINER_CCACHE}),
         "CMAKE_C_COMPILER_LAUNCHER": launcher,
         "CMAKE_CXX_COMPILER_LAUNCHER": launcher,

@@ -20,7 +20,7 @@ from pydantic import AfterValidator, field_validator, model_validator
 
 from pipeline.config.models import Model, read_toml, validate
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, recipe_path
-from pipeline.config.targets import known_processor_list
+from pipeline.config.targets import GpuTarget, known_processor_list, parse_targets
 from pipeline.config.toolchain import ROCM_PATH, rocm_lib_dir
 from pipeline.errors import ConfigError, RocwheelsError
 
@@ -133,6 +133,11 @@ class Line(Model):
         """The PEP 440 local label wheels of this line carry: ``rocm6.2``."""
         major, minor = self.rocm.split(".")[:2]
         return f"rocm{major}.{minor}"
+
+    @property
+    def default_targets(self) -> tuple[GpuTarget, ...]:
+        """What a build of this line is for when no ARCH is given: every target the line lists."""
+        return parse_targets(";".join(self.targets))
 
     @property
     def lib_dir(self) -> str | None:

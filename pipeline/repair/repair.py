@@ -40,6 +40,7 @@ from pipeline.config.layout import cache_dir
 
 # pipeline.wheel.elf (pyelftools), pipeline.wheel.archive and pipeline.util.cmd are imported where they are
 # used: a repair that only copies a wheel it wrote before is over before those imports would be.
+from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
 from pipeline.util.log import LOGGER
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
 # (under 0.5 % of either wheel) for 14-28 % less CPU; level 4 would cost 2-3 % of the wheel on
 # every upload, download and copy.
 ZIP_LEVEL = 5
-DEFAULT_ROCM_LIB_DIR = "/opt/rocm/lib"
 _NOTED_FILES = 16  # files with the same bytes a cache note vouches for, besides the newest
 _ORIGIN = ("$ORIGIN", "${ORIGIN}")
 
@@ -83,7 +83,7 @@ class RepairSettings:
 
     excludes: tuple[str, ...] = ()
     # None: ROCm comes from pip packages (a `wheels` line), reached through link_packages.
-    rocm_lib_dir: str | None = DEFAULT_ROCM_LIB_DIR
+    rocm_lib_dir: str | None = field(default_factory=default_rocm_lib_dir)
     link_packages: tuple[str, ...] = ()
     extra_rpath: tuple[str, ...] = ()
     plat: str | None = None

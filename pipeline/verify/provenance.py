@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline import rocwheels_version
-from pipeline.build.sources import IGNORED_NAMES, file_sha256
+from pipeline.build.sources import IGNORED_NAMES
 from pipeline.errors import RocwheelsError
+from pipeline.util.files import atomic_write, file_sha256
 
 if TYPE_CHECKING:
     from pipeline.description import BuildDescription
@@ -112,17 +111,8 @@ def write_record(wheel: Path, fingerprint: str, inputs: dict[str, Any], toolchai
     """Write ``<wheel>.provenance.json`` beside the wheel, all at once."""
     record = Provenance(wheel.name, file_sha256(wheel), wheel.stat().st_size, fingerprint, inputs, toolchain)
     target = record_path(wheel)
-    partial = tempfile.NamedTemporaryFile(
-        "w", dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False, encoding="utf-8"
-    )
-    try:
-        with partial:
-            json.dump(asdict(record), partial, indent=2, sort_keys=True)
-        os.chmod(partial.name, 0o644)
-        os.replace(partial.name, target)
-    except BaseException:
-        Path(partial.name).unlink(missing_ok=True)
-        raise
+    with atomic_write(target, mode=0o644) as sink:
+        sink.write(json.dumps(asdict(record), indent=2, sort_keys=True).encode("utf-8"))
     return target
 
 
