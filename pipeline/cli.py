@@ -562,7 +562,15 @@ def ci_matrix_command(
     """The line's recipe x Python jobs in dependency stages, from the same plan as `make wheels`."""
     from pipeline.ci import ci_matrix, render
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
+    # Each recipe builds for the requested targets it supports; the matrix notes the rest.
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, narrow=True)
+    if driver == "container":
+        from pipeline.build.container import require_pinned
+
+        # No build job may fan out on a lock it would refuse: the matrix is the pipeline's preflight.
+        require_pinned(plan.line_name, plan.line, obj.layout.recipes_dir)
+    for note in plan.notes:
+        log.warning("note: %s", note)
     matrix = ci_matrix(plan_document(plan))
     text = render(matrix, output_format, arch=";".join(matrix.targets), recipes=recipes)
     if output is None:

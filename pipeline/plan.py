@@ -24,7 +24,7 @@ from pipeline.config.layout import Layout
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, load_recipes
 from pipeline.config.targets import GpuTarget, check_supported, parse_targets
-from pipeline.description import BuildDescription, resolve
+from pipeline.description import BuildDescription, at_line, resolve
 from pipeline.errors import ConfigError, InputError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
@@ -37,6 +37,8 @@ class Plan:
     targets: tuple[GpuTarget, ...]
     steps: tuple[BuildDescription, ...] = field(default=())
     driver: str = "local"  # "local" (this host) or "container" (the line's builder image)
+    # Recipes built for fewer targets than asked, or left out, when the plan narrows (ci matrix).
+    notes: tuple[str, ...] = ()
 
 
 def running_python() -> str:
@@ -72,8 +74,14 @@ def make_plan(
     jobs: int | None = None,
     driver: str = "local",
     constraints: Path | None = None,
+    narrow: bool = False,
 ) -> Plan:
-    """Order the recipes, check the targets against the line, resolve each recipe's description."""
+    """Order the recipes, check the targets against the line, resolve each recipe's description.
+
+    ``narrow``: each recipe builds for the requested targets it supports (its fallback's included)
+    and the plan notes the rest; a recipe supporting none of them is left out with its dependants.
+    Without it a target a recipe cannot build is an error.
+    """
     check_supported(
         targets,
         line.targets,
@@ -81,21 +89,59 @@ def make_plan(
     )
     # The local driver builds with the Python running rocwheels, the container with the line's.
     python = line.python if driver == "container" else (running_python(),)
-    steps = tuple(
-        resolve(
-            recipes,
-            recipe.name,
-            line_name=line_name,
-            line=line,
-            targets=targets,
-            python=python,
-            recipes_dir=recipes_dir,
-            jobs=jobs,
-            constraints=constraints,
+    steps: list[BuildDescription] = []
+    notes: list[str] = []
+    for recipe in build_order(recipes, wanted):
+        own_targets = targets
+        if narrow:
+            own_targets, note = _supported_targets(
+                recipe, targets, line_name, line, recipes_dir, {s.name for s in steps}
+            )
+            if note:
+                notes.append(note)
+            if not own_targets:
+                continue
+        steps.append(
+            resolve(
+                recipes,
+                recipe.name,
+                line_name=line_name,
+                line=line,
+                targets=own_targets,
+                python=python,
+                recipes_dir=recipes_dir,
+                jobs=jobs,
+                constraints=constraints,
+            )
         )
-        for recipe in build_order(recipes, wanted)
+    return Plan(line_name, line, targets, tuple(steps), driver, tuple(notes))
+
+
+def _supported_targets(
+    recipe: RecipeFile,
+    targets: tuple[GpuTarget, ...],
+    line_name: str,
+    line: Line,
+    recipes_dir: Path,
+    planned: set[str],
+) -> tuple[tuple[GpuTarget, ...], str]:
+    """The requested targets ``recipe`` builds at the line's version, and a note on the rest."""
+    missing = [dep for dep in recipe.depends_on if dep not in planned]
+    if missing:
+        return (), f"{recipe.name}: left out, it needs {', '.join(missing)}"
+    at_version = at_line(recipe, line_name, line, recipes_dir)
+    fallback = at_version.targets.fallback
+    supported = {*at_version.targets.supported, *(fallback.supported if fallback else ())}
+    kept = tuple(t for t in targets if t.processor in supported)
+    dropped = [str(t) for t in targets if t.processor not in supported]
+    if not dropped:
+        return kept, ""
+    if not kept:
+        return (), f"{recipe.name}: left out, its recipe supports none of {', '.join(map(str, targets))}"
+    return (
+        kept,
+        f"{recipe.name}: built for {', '.join(map(str, kept))}; its recipe does not support {', '.join(dropped)}",
     )
-    return Plan(line_name, line, targets, steps, driver)
 
 
 def describe(plan: Plan) -> str:
@@ -141,6 +187,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "targets": [str(target) for target in plan.targets],
         "python": list(plan.line.python) if plan.driver == "container" else [running_python()],
         "steps": [step.document() for step in plan.steps],
+        "notes": list(plan.notes),
     }
 
 
@@ -156,6 +203,8 @@ def select_plan(
     driver: str,
     jobs: int | None = None,
     python: str | None = None,
+    *,
+    narrow: bool = False,
 ) -> Plan:
     """Everything checked before anything runs: recipes, lock, line, targets, order.
 
@@ -191,6 +240,7 @@ def select_plan(
         jobs=jobs,
         driver=driver,
         constraints=constraints,
+        narrow=narrow,
     )
 
 

@@ -116,6 +116,7 @@ def test_a_line_with_more_stages_than_the_workflow_is_refused() -> None:
                 "name": f"r{n}",
                 "distribution": f"r{n}",
                 "wheel_version": "1+rocm7.2",
+                "targets": ["gfx942"],
                 "depends_on": [f"r{n - 1}"] if n else [],
             }
             for n in range(GITHUB_STAGES + 1)
@@ -392,3 +393,58 @@ def test_one_python_of_the_line_per_job() -> None:
     other = "3.9" if sys.version_info[:2] != (3, 9) else "3.8"
     with pytest.raises(RocwheelsError, match="DRIVER=local builds with the Python running rocwheels"):
         select_plan(layout, "rocm-canary", "gfx942", "rocm6.2", "local", python=other)
+
+
+def test_the_default_matrix_builds_each_recipe_for_the_targets_it_supports_and_notes_the_rest(tmp_path: Path) -> None:
+    """`ci matrix` with its defaults (every target of the line) works; a recipe lacking some gets the rest."""
+    from pipeline.config.lock import load_lock
+    from pipeline.config.recipes import load_recipes
+    from pipeline.description import at_line
+
+    line_name = "rocm7.2"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "ci",
+            "matrix",
+            "--driver",
+            "local",
+            "--rocm",
+            line_name,
+            "--format",
+            "json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    matrix = json.loads(result.stdout)
+    line = load_lock(REPO / "recipes").line(line_name)
+    recipes = load_recipes(REPO / "recipes")
+    assert matrix["notes"], "the shipped line lists targets some recipes do not build"
+    for job in (job for stage in matrix["stages"] for job in stage):
+        recipe = at_line(recipes[job["recipe"]], line_name, line, REPO / "recipes")
+        fallback = recipe.targets.fallback
+        supported = {*recipe.targets.supported, *(fallback.supported if fallback else ())}
+        assert set(job["arch"].split(";")) <= supported, job["name"]
+        if set(line.targets) - supported:
+            assert any(note.startswith(job["recipe"] + ":") for note in matrix["notes"]), job["recipe"]
+
+
+def test_the_matrix_refuses_an_unpinned_builder_image_before_anything_fans_out() -> None:
+    from pipeline.config.lock import load_lock
+
+    unpinned = next(name for name, line in load_lock(REPO / "recipes").lock.lines.items() if not line.pinned)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "ci", "matrix", "--rocm", unpinned, "--format", "github"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0 and "not pinned by digest" in result.stderr, result.stderr
+    assert "stage1=" not in result.stdout
