@@ -197,7 +197,7 @@ def build_command(
     obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None
 ) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
     build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
         built = build(step, obj.layout, lambda line: None)
@@ -234,7 +234,7 @@ def wheels_command(
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from pipeline.wheels import make_wheels, summary_table
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
     with wheelhouse_lock(obj.layout.wheelhouse):
         if from_index and not force:
             from pipeline.ci import fetch_from_index

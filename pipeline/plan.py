@@ -205,11 +205,14 @@ def select_plan(
     python: str | None = None,
     *,
     narrow: bool = False,
+    building: bool = False,
 ) -> Plan:
     """Everything checked before anything runs: recipes, lock, line, targets, order.
 
     ``arch`` None means every target the line's compiler takes (the demo); ``python`` (X.Y) builds
-    for that one of the line's Python versions only (one CI job per Python).
+    for that one of the line's Python versions only (one CI job per Python). ``building``: this
+    host builds the plan now, so a local build's ROCm must be the line's (``plan`` and ``ci matrix``
+    only describe builds that run elsewhere).
     """
     targets = parse_targets(arch) if arch is not None else None
     all_recipes = load_recipes(layout.recipes_dir)
@@ -223,7 +226,7 @@ def select_plan(
     line_name, line = lockmod.select_line(lock_file, rocm, host)
     if python is not None:
         line = _for_python(python, line_name, line, driver, layout.recipes_dir)
-    if driver == "local" and rocm and not line.rocm_wheels:
+    if building and driver == "local" and rocm and not line.rocm_wheels:
         _check_host_toolchain(line_name, line, lock_file.lock.lines)
     for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
         log.warning("warning: %s", warning)
