@@ -104,17 +104,17 @@ def _download(
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s", url)
-    partial = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False)
+    handle, partial = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     try:
-        with partial:
+        with os.fdopen(handle, "wb") as stream:
             try:
                 with urllib.request.urlopen(url, timeout=60) as response:
-                    shutil.copyfileobj(response, partial)
+                    shutil.copyfileobj(response, stream)
             except (OSError, ValueError, http.client.HTTPException) as exc:
                 raise RocwheelsError(
                     f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache"
                 ) from None
-        digest = file_sha256(Path(partial.name))
+        digest = file_sha256(Path(partial))
         if digest != sha256:
             raise ConfigError(
                 recipe_file,
@@ -122,9 +122,9 @@ def _download(
                 f"{url} has sha256 {digest}, the recipe expects {sha256}",
                 fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed",
             )
-        os.replace(partial.name, target)
+        os.replace(partial, target)
     except BaseException:
-        Path(partial.name).unlink(missing_ok=True)
+        Path(partial).unlink(missing_ok=True)
         raise
     return target
 

@@ -125,14 +125,14 @@ def _store(record: Path, wheel: Path, data: bytes | None) -> tuple[int, str]:
             return 200, "the same record is already here\n"
         return 409, f"another record for {wheel.name} is already here; records are never replaced\n"
     # A dot name: pypiserver lists no hidden file, and readers see the whole record or none.
-    pending = tempfile.NamedTemporaryFile(dir=record.parent, prefix=f".{record.name}.", suffix=".partial", delete=False)
+    handle, pending = tempfile.mkstemp(dir=record.parent, prefix=f".{record.name}.", suffix=".partial")
     try:
-        with pending:
-            pending.write(data)
-        os.chmod(pending.name, 0o644)
-        os.replace(pending.name, record)
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+        os.chmod(pending, 0o644)
+        os.replace(pending, record)
     except BaseException:
-        Path(pending.name).unlink(missing_ok=True)
+        Path(pending).unlink(missing_ok=True)
         raise
     return 201, f"stored {record.name}\n"
 

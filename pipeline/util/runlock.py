@@ -62,7 +62,9 @@ def remove_leftovers(wheelhouse: Path) -> list[Path]:
         name = path.name
         if not name.startswith("."):
             continue
-        if (name.endswith(PARTIAL_SUFFIX) and not path.is_dir()) or (name.startswith(GENERATION_PREFIX) and path.is_symlink()):
+        if (name.endswith(PARTIAL_SUFFIX) and not path.is_dir()) or (
+            name.startswith(GENERATION_PREFIX) and path.is_symlink()
+        ):
             path.unlink(missing_ok=True)
         elif name.startswith(GENERATION_PREFIX) and path.is_dir() and path.resolve() != current:
             shutil.rmtree(path, ignore_errors=True)

@@ -16,7 +16,7 @@ import zipfile
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 
@@ -42,7 +42,7 @@ _DATA_DIR = re.compile(r"^[^/]+\.data/(purelib|platlib)/")
 _FOLIO_REACH = 2 << 20
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     BUNDLED = "bundled"  # inside this wheel
     ROCM = "rocm"  # ROCm's, from the host's ROCm library folder
     PACKAGE = "package"  # from another installed package (torch/lib)
@@ -89,7 +89,7 @@ class WheelAnalysis:
     layout: TargetLayout
 
 
-class Libc(str, Enum):
+class Libc(StrEnum):
     GLIBC = "glibc"
     MUSL = "musl"
 

@@ -175,7 +175,7 @@ def _with_search_path(entries: list[tuple[int, int]], kept: int | None, string: 
         for i, entry in enumerate(entries)
         if i == kept or entry[0] not in _SEARCH_PATHS
     ]
-    return new if kept is not None else new + [(DT_RPATH, string)]
+    return new if kept is not None else [*new, (DT_RPATH, string)]
 
 
 def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -> Writes | None:

@@ -12,6 +12,7 @@ size, an offset or the member count passes the classic limits (or everywhere, on
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
@@ -601,7 +602,5 @@ def piecewise_sha256(path: Path) -> str:
 
 def _yield_cpu() -> None:
     """Run this (deflating) thread at the lowest CPU priority: on Linux a thread has a nice value of its own."""
-    try:
+    with contextlib.suppress(OSError):  # a priority is a wish: a sandbox may refuse it
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:  # a priority is a wish: a sandbox may refuse it
-        pass
