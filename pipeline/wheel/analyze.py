@@ -238,7 +238,7 @@ class _Resolver:
                     dep = replace(dep, note=f"{dep.note} (loaded through {' <- '.join(chain[1:])})")
                 if soname not in own or own[soname].location is not None:
                     own[soname] = dep
-                if dep.kind is Kind.BUNDLED and dep.location not in seen:
+                if dep.kind is Kind.BUNDLED and dep.location is not None and dep.location not in seen:
                     seen.add(dep.location)
                     queue.append((dep.location, *chain))
 

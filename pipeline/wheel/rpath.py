@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVersionSection
 
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 5, 10, 14, 15, 29
 _SEARCH_PATHS = (DT_RPATH, DT_RUNPATH)
@@ -301,7 +302,8 @@ def _file_offset(segments: list[Any], address: int | None) -> int | None:
             and segment["p_type"] == "PT_LOAD"
             and 0 <= address - segment["p_vaddr"] < segment["p_filesz"]
         ):
-            return address - segment["p_vaddr"] + segment["p_offset"]
+            offset: int = address - segment["p_vaddr"] + segment["p_offset"]
+            return offset
     return None
 
 
@@ -327,11 +329,11 @@ def _name_offsets(elf: ELFFile) -> Iterator[int]:
         data = symbols.data()
         yield from (name for (name,) in _SYMBOL_NAMES.iter_unpack(data[: len(data) - len(data) % _SYMBOL_NAMES.size]))
     needs = elf.get_section_by_name(".gnu.version_r")
-    if needs is not None:
+    if isinstance(needs, GNUVersionSection):
         for need, auxiliaries in needs.iter_versions():
             yield need.entry["vn_file"]
             yield from (aux.entry["vna_name"] for aux in auxiliaries)
     definitions = elf.get_section_by_name(".gnu.version_d")
-    if definitions is not None:
+    if isinstance(definitions, GNUVersionSection):
         for _, auxiliaries in definitions.iter_versions():
             yield from (aux.entry["vda_name"] for aux in auxiliaries)

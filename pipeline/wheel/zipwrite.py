@@ -139,11 +139,11 @@ def extract_members(
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
         checked = [archive.getinfo(name) for name in check_only]
-    targets: dict[str, Path | None] = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
-    for target in targets.values():
+    written = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
+    for target in written.values():
         target.parent.mkdir(parents=True, exist_ok=True)
     # The members repair copies as they are: inflated and hashed only, nothing written.
-    targets.update(dict.fromkeys(check_only))
+    targets: dict[str, Path | None] = {**written, **dict.fromkeys(check_only)}
     infos += checked
     workers = threads or len(os.sched_getaffinity(0))
     total = sum(info.file_size for info in infos)
@@ -168,7 +168,8 @@ def extract_members(
 def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
     try:
         _inflate_checked(source, info, target, recorded, beside)
-    except (zipfile.BadZipFile, zlib_ng.error) as exc:
+    # zlib_ng's stub declares `error` an instance of Exception; at run time it is the class.
+    except (zipfile.BadZipFile, zlib_ng.error) as exc:  # type: ignore[misc]
         raise RocwheelsError(
             f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
             fix="do not install, repair or publish this file; build or download the wheel again",
@@ -433,7 +434,7 @@ def _deflate_chunks(
 ) -> Iterator[tuple[bytes, bytes, int]]:
     """(chunk, its deflate output, its CRC-32) in order; at most two chunks per thread in flight."""
     pending: deque[tuple[bytes, Future[tuple[bytes, int]]]] = deque()
-    window = 2 * (pool._max_workers or 1)  # type: ignore[attr-defined]
+    window = 2 * (pool._max_workers or 1)
     previous = b""
     for chunk, last in _chunks(content):
         pending.append((chunk, pool.submit(_deflate, chunk, previous[-_WINDOW:], level, last)))
@@ -476,7 +477,7 @@ def _chunks(content: bytes | Path) -> Iterator[tuple[bytes, bool]]:
             current = following
 
 
-def _copy_range(source: io.BufferedReader, sink: io.BufferedRandom, length: int) -> None:
+def _copy_range(source: io.BufferedReader, sink: io.BufferedIOBase, length: int) -> None:
     sink.flush()
     position = source.tell()
     copied = 0
