@@ -83,8 +83,9 @@ def analyze(
 class AnalysisAside:
     """``analyze`` in a process of its own, started on entering (its imports overlap the caller's
     work): the caller patches and deflates meanwhile, and auditwheel's pure-Python analysis does
-    not compete with it for the GIL (in a thread it was twice as slow). Leaving waits for it, or,
-    on an error, stops it; its temporary files go into ``temp`` (the caller's, removed after)."""
+    not compete with it for the GIL (as it would in a thread: benchmarks/README.md). Leaving waits
+    for it, or, on an error, stops it; its temporary files go into ``temp`` (the caller's, removed
+    after)."""
 
     def __init__(self, temp: Path) -> None:
         self._temp = temp

@@ -1,9 +1,8 @@
 """Set or remove an ELF file's DT_RPATH in place, without rewriting the file.
 
 patchelf reads the whole file into memory and writes it out again: for a library of hundreds of MB
-that is most of a repair's time on a machine where page faults are dear (459 MB: 1.9 s, against
-0.15 s for a copy), and twice the library's size in memory while it grows one. Here only a few
-bytes change:
+that is most of a repair's time on a machine where page faults are dear (benchmarks/README.md),
+and twice the library's size in memory while it grows one. Here only a few bytes change:
 
 - when the new value fits in the old string, the string in ``.dynstr`` and the entries of
   ``.dynamic`` are overwritten;

@@ -34,7 +34,7 @@ from pipeline.errors import RocwheelsError
 
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
-_BEHIND_FROM = 16 << 20  # the least member worth a thread hashing beside its inflating (starting one: ~0.17 ms here)
+_BEHIND_FROM = 16 << 20  # the least member worth a thread hashing beside its inflating (benchmarks/README.md)
 _WINDOW = 32 << 10  # deflate's dictionary: what a chunk may refer back to in the previous one
 _LIMIT = 0xFFFFFFFF
 _COUNT_LIMIT = 0xFFFF
@@ -192,8 +192,7 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
             sink.write(data)
 
         # ``beside``: hashed and written a block behind the inflating, in a thread of its own (both
-        # let go of the GIL), for a member that is most of its wheel (jax: 459 MB, 1.25-1.64 s ->
-        # 0.70-0.81 s).
+        # let go of the GIL), for a member that is most of its wheel (benchmarks/README.md).
         with _one_behind(beside) as later:
             remaining = info.compress_size
             while remaining:
@@ -567,8 +566,7 @@ def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Pa
     temp = Path(temp_name)
     try:
         # Into the file mkstemp opened: opening it again by name would truncate it, and ext4 then
-        # writes the whole file back when it is closed (its guard for files rewritten in place):
-        # 36 ms of a 0.1 s copy of jax's 130 MB wheel.
+        # writes the whole file back when it is closed (its guard for files rewritten in place).
         with open(source, "rb") as data, os.fdopen(handle, "wb") as copy, ThreadPoolExecutor(1) as hasher:
             digest = hasher.submit(piecewise_sha256, source) if fingerprint else None  # while the kernel copies
             _copy_range(data, copy, os.fstat(data.fileno()).st_size)
@@ -585,8 +583,8 @@ def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Pa
 
 def piecewise_sha256(path: Path) -> str:
     """The sha256 of the sha256 of each 16 MiB piece of ``path``: as strong a fingerprint as the
-    sha256 of the whole file, but hashed on every core (hashlib lets go of the GIL). Measured on a
-    4.25 GiB wheel in the page cache, 2 cores: 1.5-1.7 s, against 3.1 s for one sha256."""
+    sha256 of the whole file, but hashed on every core (hashlib lets go of the GIL; the gain:
+    benchmarks/README.md)."""
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
 
