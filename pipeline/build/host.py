@@ -13,7 +13,8 @@ HIP_ENV = {"HIP_PLATFORM": "amd"}  # hipcc would pick an installed nvcc otherwis
 
 
 def host_rocm_version() -> str | None:
-    """``major.minor`` of the host ROCm: ``$ROCM_PATH/.info/version`` (AMD's packages) or hipcc's HIP version (distribution packages)."""
+    """``major.minor`` of the host ROCm: ``$ROCM_PATH/.info/version`` (AMD's packages) or hipcc's
+    HIP version (distribution packages)."""
     info = Path(os.environ.get("ROCM_PATH", "/opt/rocm")) / ".info" / "version"
     if info.is_file():
         match = re.match(r"(\d+\.\d+)", info.read_text())
