@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from zlib_ng import zlib_ng
 
@@ -555,6 +556,10 @@ def _umask() -> int:
     return current
 
 
+@overload
+def copy_file(source: Path, dest: Path) -> Path: ...
+@overload
+def copy_file(source: Path, dest: Path, *, fingerprint: str | None) -> Path | None: ...
 def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Path | None:
     """``source`` to ``dest`` atomically, for a wheel that needs no change.
 
