@@ -1,5 +1,6 @@
 # rocwheels: every target creates/uses the project venv itself.
 #   make demo                        canary: build -> repair -> verify -> publish -> install
+#   make lint                        ruff (lint, format) and mypy on pipeline/; make test runs it first
 #   make test                        the test suite (installs hipcc/podman when missing, as root)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
@@ -27,7 +28,7 @@ SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis
 
 FORCE:
 
-.PHONY: FORCE venv system-deps test wheels ci-matrix publish demo bench lock-check clean
+.PHONY: FORCE venv system-deps lint test wheels ci-matrix publish demo bench lock-check clean
 
 # The venv is made again when PYTHON names another interpreter (a stamp records which one made it);
 # pyproject.toml's requires-python is the floor, said in one line before pip would say it in forty.
@@ -57,7 +58,13 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-test: venv system-deps
+# The rules and their strictness are in pyproject.toml ([tool.ruff], [tool.mypy]).
+lint: venv
+	$(BIN)/ruff check pipeline
+	$(BIN)/ruff format --check pipeline
+	$(BIN)/mypy pipeline
+
+test: lint system-deps
 	$(BIN)/python -m pytest -q
 
 lock-check: venv

@@ -12,7 +12,8 @@ from pipeline.util.cmd import run
 
 
 def host_rocm_version() -> str | None:
-    """``major.minor`` of the host ROCm: ``$ROCM_PATH/.info/version`` (AMD's packages) or hipcc's HIP version (distribution packages)."""
+    """``major.minor`` of the host ROCm: ``$ROCM_PATH/.info/version`` (AMD's packages) or hipcc's
+    HIP version (distribution packages)."""
     info = Path(os.environ.get("ROCM_PATH", ROCM_PATH)) / ".info" / "version"
     if info.is_file():
         match = re.match(r"(\d+\.\d+)", info.read_text())

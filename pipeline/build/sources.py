@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import http.client
-import logging
 import shutil
 import tarfile
 import tempfile
@@ -17,15 +16,14 @@ from pipeline.config.recipes import Recipe, recipe_path
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.util.cmd import run
 from pipeline.util.files import atomic_write, file_sha256
+from pipeline.util.log import RecipeLogger
 
 # Build products a source folder of this repo may hold from a manual build; never copied.
 IGNORED_NAMES = ("build", "dist", "__pycache__", ".git")
 _IGNORED = shutil.ignore_patterns(*IGNORED_NAMES, "*.egg-info")
 
 
-def prepare_source(
-    recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: Path, logger: logging.LoggerAdapter
-) -> Path:
+def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: Path, logger: RecipeLogger) -> Path:
     """Lay the recipe's source out in ``dest`` (emptied first); return the folder to build."""
     if dest.exists():
         shutil.rmtree(dest)
@@ -75,7 +73,7 @@ def prepare_source(
     return root
 
 
-def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.LoggerAdapter) -> list[Path]:
+def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: RecipeLogger) -> list[Path]:
     """The recipe's build wheels, downloaded once into the cache and hash-checked, under their own file names."""
     return [
         _download(
@@ -91,7 +89,7 @@ def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.Logger
 
 
 def _download(
-    url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter, *, target: Path | None = None
+    url: str, sha256: str, recipe_file: Path, field: str, logger: RecipeLogger, *, target: Path | None = None
 ) -> Path:
     """Download once into the cache, keyed by the expected hash; a mismatch deletes the file.
 

@@ -326,6 +326,6 @@ def select_line(lock_file: LockFile, name: str | None, host_rocm: str | None = N
         raise RocwheelsError(
             f"no line in {lock_file.path} is for this host's ROCm {host_rocm}",
             fix=f'add a line with rocm = "{host_rocm}", or build in the container (DRIVER=container ROCM=<line>); lines: '
-            + ", ".join(f"{n} (ROCm {l.rocm})" for n, l in lock_file.lock.lines.items()),
+            + ", ".join(f"{line_name} (ROCm {line.rocm})" for line_name, line in lock_file.lock.lines.items()),
         )
     return lock_file.lock.default_line, lock_file.line(lock_file.lock.default_line)

@@ -99,7 +99,8 @@ def _body(environ: dict[str, Any]) -> bytes | None:
         return None
     if not 0 < length <= _MAX_RECORD_BYTES:
         return None
-    return environ["wsgi.input"].read(length)
+    body: bytes = environ["wsgi.input"].read(length)
+    return body
 
 
 def _store(record: Path, wheel: Path, data: bytes | None) -> tuple[int, str]:

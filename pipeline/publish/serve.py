@@ -44,7 +44,7 @@ _USERNAME = re.compile(r"[A-Za-z0-9._@+-]+")
 class RunningIndex:
     url: str  # where twine uploads (rocwheels publish --repository URL)
     simple_url: str  # what pip reads (--extra-index-url)
-    process: subprocess.Popen = field(repr=False, compare=False)
+    process: subprocess.Popen[bytes] = field(repr=False, compare=False)
 
 
 def add_htpasswd_user(htpasswd: Path, username: str, password: str) -> None:
@@ -201,14 +201,15 @@ def _bindable_port(host: str, probe_host: str, port: int) -> int:
                 fix="use an address of this machine (127.0.0.1, 0.0.0.0) and a port you may open "
                 "(1024 and up without root)",
             ) from None
-        return probe.getsockname()[1]
+        bound: int = probe.getsockname()[1]
+        return bound
 
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _wait_until_answering(process: subprocess.Popen, url: str, timeout: float, log_file: Path | None) -> None:
+def _wait_until_answering(process: subprocess.Popen[bytes], url: str, timeout: float, log_file: Path | None) -> None:
     deadline = time.monotonic() + timeout
     where = f" (log: {log_file})" if log_file else ""
     while time.monotonic() < deadline:
@@ -235,7 +236,7 @@ def _last_line(log_file: Path) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
         try:

@@ -68,9 +68,9 @@ def smoke_test(
         venv_python = venv / "bin" / "python"
         try:
             run([python, "-m", "venv", venv], log_file=log_file)
-            links = ["--find-links", find_links] if find_links else []
+            links = ["--find-links", str(find_links)] if find_links else []
             links += [option for url in index_urls for option in ("--extra-index-url", url)]
-            # --no-compile: the venv is thrown away; byte-compiling a torch it installs costs a minute.
+            # --no-compile: the venv is thrown away, and byte-compiling the torch it installs is slow.
             run(
                 [
                     venv_python,

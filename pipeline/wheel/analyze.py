@@ -16,7 +16,7 @@ import zipfile
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 
@@ -43,7 +43,7 @@ _DATA_DIR = re.compile(r"^[^/]+\.data/(purelib|platlib)/")
 _FOLIO_REACH = 2 << 20
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     BUNDLED = "bundled"  # inside this wheel
     ROCM = "rocm"  # ROCm's, from the host's ROCm library folder
     PACKAGE = "package"  # from another installed package (torch/lib)
@@ -90,7 +90,7 @@ class WheelAnalysis:
     layout: TargetLayout
 
 
-class Libc(str, Enum):
+class Libc(StrEnum):
     GLIBC = "glibc"
     MUSL = "musl"
 
@@ -239,7 +239,7 @@ class _Resolver:
                     dep = replace(dep, note=f"{dep.note} (loaded through {' <- '.join(chain[1:])})")
                 if soname not in own or own[soname].location is not None:
                     own[soname] = dep
-                if dep.kind is Kind.BUNDLED and dep.location not in seen:
+                if dep.kind is Kind.BUNDLED and dep.location is not None and dep.location not in seen:
                     seen.add(dep.location)
                     queue.append((dep.location, *chain))
 

@@ -182,7 +182,8 @@ def rewrite_wheel(
     yield_cpu: bool = False,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
-    ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD recomputed (see :func:`pipeline.wheel.zipwrite.write_wheel`).
+    ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD
+    recomputed (see :func:`pipeline.wheel.zipwrite.write_wheel`).
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
     reproducible); unchanged ones keep their compressed bytes. ``dest`` appears atomically.

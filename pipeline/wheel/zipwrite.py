@@ -12,6 +12,7 @@ size, an offset or the member count passes the classic limits (or everywhere, on
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
@@ -25,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from zlib_ng import zlib_ng
 
@@ -33,7 +35,7 @@ from pipeline.util.files import atomic_write
 
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
-_BEHIND_FROM = 16 << 20  # the least member worth a thread hashing beside its inflating (starting one: ~0.17 ms here)
+_BEHIND_FROM = 16 << 20  # the least member worth a thread hashing beside its inflating (benchmarks/README.md)
 _WINDOW = 32 << 10  # deflate's dictionary: what a chunk may refer back to in the previous one
 _LIMIT = 0xFFFFFFFF
 _COUNT_LIMIT = 0xFFFF
@@ -131,11 +133,11 @@ def extract_members(
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
         checked = [archive.getinfo(name) for name in check_only]
-    targets: dict[str, Path | None] = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
-    for target in targets.values():
+    written = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
+    for target in written.values():
         target.parent.mkdir(parents=True, exist_ok=True)
     # The members repair copies as they are: inflated and hashed only, nothing written.
-    targets.update(dict.fromkeys(check_only))
+    targets: dict[str, Path | None] = {**written, **dict.fromkeys(check_only)}
     infos += checked
     workers = threads or len(os.sched_getaffinity(0))
     total = sum(info.file_size for info in infos)
@@ -160,7 +162,8 @@ def extract_members(
 def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
     try:
         _inflate_checked(source, info, target, recorded, beside)
-    except (zipfile.BadZipFile, zlib_ng.error) as exc:
+    # zlib_ng's stub declares `error` an instance of Exception; at run time it is the class.
+    except (zipfile.BadZipFile, zlib_ng.error) as exc:  # type: ignore[misc]
         raise RocwheelsError(
             f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
             fix="do not install, repair or publish this file; build or download the wheel again",
@@ -183,8 +186,7 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
             sink.write(data)
 
         # ``beside``: hashed and written a block behind the inflating, in a thread of its own (both
-        # let go of the GIL), for a member that is most of its wheel (jax: 459 MB, 1.25-1.64 s ->
-        # 0.70-0.81 s).
+        # let go of the GIL), for a member that is most of its wheel (benchmarks/README.md).
         with _one_behind(beside) as later:
             remaining = info.compress_size
             while remaining:
@@ -425,7 +427,7 @@ def _deflate_chunks(
 ) -> Iterator[tuple[bytes, bytes, int]]:
     """(chunk, its deflate output, its CRC-32) in order; at most two chunks per thread in flight."""
     pending: deque[tuple[bytes, Future[tuple[bytes, int]]]] = deque()
-    window = 2 * (pool._max_workers or 1)  # type: ignore[attr-defined]
+    window = 2 * (pool._max_workers or 1)
     previous = b""
     for chunk, last in _chunks(content):
         pending.append((chunk, pool.submit(_deflate, chunk, previous[-_WINDOW:], level, last)))
@@ -468,7 +470,7 @@ def _chunks(content: bytes | Path) -> Iterator[tuple[bytes, bool]]:
             current = following
 
 
-def _copy_range(source: io.BufferedReader, sink: io.BufferedRandom, length: int) -> None:
+def _copy_range(source: io.BufferedReader, sink: io.BufferedIOBase, length: int) -> None:
     sink.flush()
     position = source.tell()
     copied = 0
@@ -541,6 +543,10 @@ def _newest(archive: zipfile.ZipFile) -> tuple[int, int, int, int, int, int]:
     return max((info.date_time for info in archive.infolist()), default=(1980, 1, 1, 0, 0, 0))
 
 
+@overload
+def copy_file(source: Path, dest: Path) -> Path: ...
+@overload
+def copy_file(source: Path, dest: Path, *, fingerprint: str | None) -> Path | None: ...
 def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Path | None:
     """``source`` to ``dest`` atomically, for a wheel that needs no change.
 
@@ -550,8 +556,7 @@ def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Pa
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         # Into the file atomic_write opened: opening it again by name would truncate it, and ext4
-        # then writes the whole file back when it is closed (its guard for files rewritten in
-        # place): 36 ms of a 0.1 s copy of jax's 130 MB wheel.
+        # then writes the whole file back when it is closed (its guard for files rewritten in place).
         with atomic_write(dest) as copy, open(source, "rb") as data, ThreadPoolExecutor(1) as hasher:
             digest = hasher.submit(piecewise_sha256, source) if fingerprint else None  # while the kernel copies
             _copy_range(data, copy, os.fstat(data.fileno()).st_size)
@@ -568,8 +573,8 @@ class _OtherBytes(Exception):
 
 def piecewise_sha256(path: Path) -> str:
     """The sha256 of the sha256 of each 16 MiB piece of ``path``: as strong a fingerprint as the
-    sha256 of the whole file, but hashed on every core (hashlib lets go of the GIL). Measured on a
-    4.25 GiB wheel in the page cache, 2 cores: 1.5-1.7 s, against 3.1 s for one sha256."""
+    sha256 of the whole file, but hashed on every core (hashlib lets go of the GIL; the gain:
+    benchmarks/README.md)."""
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
 
@@ -586,7 +591,5 @@ def piecewise_sha256(path: Path) -> str:
 
 def _yield_cpu() -> None:
     """Run this (deflating) thread at the lowest CPU priority: on Linux a thread has a nice value of its own."""
-    try:
+    with contextlib.suppress(OSError):  # a priority is a wish: a sandbox may refuse it
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:  # a priority is a wish: a sandbox may refuse it
-        pass
