@@ -32,7 +32,7 @@ from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.publish.index import page_links
 from pipeline.util.files import file_sha256
-from pipeline.util.log import recipe_logger
+from pipeline.util.log import RecipeLogger, recipe_logger
 from pipeline.verify.provenance import Provenance, fingerprints, is_current, record_path
 
 log = logging.getLogger("rocwheels")
@@ -208,7 +208,8 @@ def _get(url: str, sink: BinaryIO | None = None) -> bytes | None:
     try:
         with urllib.request.urlopen(url, timeout=60) as response:
             if sink is None:
-                return response.read()
+                body: bytes = response.read()
+                return body
             shutil.copyfileobj(response, sink, 1 << 20)
             return b""
     except urllib.error.HTTPError as exc:
@@ -271,7 +272,7 @@ def _wanted(filename: str, dist_name: str, version: str, pythons: set[str]) -> b
     )
 
 
-def _fetch_one(url: str, target: Path, fingerprint: str, logger: logging.LoggerAdapter) -> bool:
+def _fetch_one(url: str, target: Path, fingerprint: str, logger: RecipeLogger) -> bool:
     """Download a wheel and its record beside it, all or nothing, if the record names ``fingerprint``."""
     record_bytes = _get(url + ".provenance.json")
     if record_bytes is None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,7 +22,12 @@ from pipeline.plan import Plan, describe, plan_document, select_plan
 from pipeline.util.log import setup_logging
 from pipeline.util.runlock import wheelhouse_lock
 
+if TYPE_CHECKING:
+    from pipeline.wheels import Driver
+
 log = logging.getLogger("rocwheels")
+# A click command function, before and after an option decorator.
+Command = TypeVar("Command", bound=Callable[..., Any])
 DRIVERS = ("local", "container")
 
 
@@ -29,7 +36,7 @@ class Context:
     layout: Layout
 
 
-def target_options(command):
+def target_options(command: Command) -> Command:
     """The options that choose what to build: recipes, GPU targets, ROCm line, driver."""
     # No bare ARCH/ROCM/DRIVER environment variables: ARCH=x86_64 is common in build shells.
     command = click.option(
@@ -70,7 +77,7 @@ def target_options(command):
     )(command)
 
 
-def engine_option(command):
+def engine_option(command: Command) -> Command:
     from pipeline.build.engine import ENGINES
 
     return click.option(
@@ -83,7 +90,7 @@ def engine_option(command):
     )(command)
 
 
-def rocm_line_option(command):
+def rocm_line_option(command: Command) -> Command:
     return click.option(
         "--rocm",
         envvar="ROCWHEELS_ROCM",
@@ -670,7 +677,7 @@ def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name
         sys.exit(1)
 
 
-def driver_for(driver: str, plan: Plan, layout: Layout):
+def driver_for(driver: str, plan: Plan, layout: Layout) -> Driver:
     if driver == "local":
         from pipeline.build.local import local_driver_for
 

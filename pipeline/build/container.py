@@ -41,8 +41,8 @@ from pipeline.build.compiler_cache import SCCACHE_VARIABLES, RemoteCache, remote
 from pipeline.build.engine import Engine, detect_engine
 from pipeline.build.image import build_image
 from pipeline.build.local import BuiltWheel, accepted_wheels, start_log
-from pipeline.build.sources import cache_dir, prepare_source
-from pipeline.config.layout import Layout, fresh_dir
+from pipeline.build.sources import prepare_source
+from pipeline.config.layout import Layout, cache_dir, fresh_dir
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, Smoke
 from pipeline.config.rocm_wheels import BUILDER_ROCM_WHEELS

@@ -6,7 +6,6 @@ wheel there.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -25,7 +24,7 @@ from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.util.cmd import run
-from pipeline.util.log import recipe_logger
+from pipeline.util.log import RecipeLogger, recipe_logger
 
 
 @dataclass(frozen=True)
@@ -119,15 +118,20 @@ def start_log(step: BuildDescription, layout: Layout, where: str) -> Path:
     return log_file
 
 
-def _build_venv(
-    step: BuildDescription, layout: Layout, venv: Path, log_file: Path, logger: logging.LoggerAdapter
-) -> Path:
+def _build_venv(step: BuildDescription, layout: Layout, venv: Path, log_file: Path, logger: RecipeLogger) -> Path:
     """A fresh venv with pypa/build, the recipe's build requirements and its dependencies' wheels."""
     run([sys.executable, "-m", "venv", venv], log_file=log_file, logger=logger)
     for name, version in step.dependencies:
         accepted_wheels(layout.wheelhouse, name, version)  # fail early and clearly if one is missing
     # pip picks the dependency wheel matching this Python from the wheelhouse.
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    pip: list[str | os.PathLike[str]] = [
+        venv / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "-q",
+    ]
     if step.constraints:
         # The line's locked build environment, every file hash-checked; what follows is satisfied by it.
         run([*pip, "--require-hashes", "--no-deps", "-r", step.constraints], log_file=log_file, logger=logger)
@@ -143,7 +147,7 @@ def _build_venv(
             logger=logger,
         )
     pins = [f"{name}=={version}" for name, version in step.dependencies]
-    links = ["--find-links", layout.wheelhouse] if pins else []
+    links: list[str | os.PathLike[str]] = ["--find-links", layout.wheelhouse] if pins else []
     run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)
     return venv
 

@@ -99,7 +99,7 @@ def resolve_repository(
             fix=f"pass the index's upload URL (e.g. http://127.0.0.1:8080/) or the NAME of a section "
             f"with repository= and username= in {config_path}",
         ) from None
-    twine_args = ("--repository-url", repository) if is_url else ("--repository", repository)
+    twine_args: tuple[str, ...] = ("--repository-url", repository) if is_url else ("--repository", repository)
     if config_file:
         twine_args += ("--config-file", str(config_file))
     secrets = tuple(s for s in (os.environ.get("TWINE_PASSWORD"), config.get("password")) if s)
@@ -326,7 +326,8 @@ def _read_page(opener: OpenerDirector, url: str, *, missing_ok: bool = False) ->
 def _read(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> bytes | None:
     try:
         with opener.open(url, timeout=_HTTP_TIMEOUT) as response:
-            return response.read()
+            body: bytes = response.read()
+            return body
     except HTTPError as exc:
         if exc.code == 404 and missing_ok:
             return None

@@ -43,7 +43,7 @@ from pipeline.config.layout import cache_dir
 from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
-from pipeline.util.log import LOGGER
+from pipeline.util.log import LOGGER, AnyLogger
 from pipeline.wheel.zipwrite import Added, copy_file, extract_members, piecewise_sha256, record_rows, write_stored
 
 if TYPE_CHECKING:
@@ -185,7 +185,7 @@ def repair_wheel(
     settings: RepairSettings = RepairSettings(),
     *,
     log_file: Path | None = None,
-    logger: logging.Logger | logging.LoggerAdapter | None = None,
+    logger: AnyLogger | None = None,
     compression_level: int = ZIP_LEVEL,
     threads: int | None = None,
 ) -> Path:
@@ -306,7 +306,14 @@ def repair_wheel(
             changed, added, dropped = _taken_from(grafted, part, tree, members, work / "grafted")
             relinked = _relink(
                 raw_wheel,
-                {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
+                {
+                    **tree,
+                    **{
+                        name: entry.content
+                        for name, entry in added.items()
+                        if isinstance(entry.content, Path) and _is_elf_file(entry.content)
+                    },
+                },
                 policy,
                 settings,
                 log_file,
@@ -374,7 +381,7 @@ def _patch_ahead(
     policy: RocmPolicy,
     settings: RepairSettings,
     log_file: Path | None,
-    log: logging.Logger | logging.LoggerAdapter,
+    log: AnyLogger,
     compression_level: int,
     threads: int | None,
 ) -> tuple[dict[str, Path], Path | None]:
@@ -534,7 +541,7 @@ def _relink(
     policy: RocmPolicy,
     settings: RepairSettings,
     log_file: Path | None,
-    log: logging.Logger | logging.LoggerAdapter,
+    log: AnyLogger,
     threads: int | None,
 ) -> dict[str, Path]:
     """Set the RPATH every ELF file of ``tree`` (member -> extracted file) should have; return the changed files."""

@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
@@ -82,7 +83,7 @@ class Report:
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.level == ERROR]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "wheel": str(self.wheel),
             "ok": self.ok,

@@ -14,7 +14,7 @@ from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.construct import ConstructError
-from elftools.elf.dynamic import DynamicSection
+from elftools.elf.dynamic import DynamicSection, DynamicTag
 from elftools.elf.elffile import ELFFile
 
 from pipeline.config.gpu_processors import gpu_processors
@@ -84,13 +84,13 @@ def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
         for tag in section.iter_tags():
             kind = tag.entry.d_tag
             if kind == "DT_SONAME":
-                soname = tag.soname
+                soname = _tag_string(tag, "soname")
             elif kind == "DT_NEEDED":
-                needed.append(tag.needed)
+                needed.append(_tag_string(tag, "needed"))
             elif kind == "DT_RPATH":
-                rpath.extend(tag.rpath.split(":"))
+                rpath.extend(_tag_string(tag, "rpath").split(":"))
             elif kind == "DT_RUNPATH":
-                runpath.extend(tag.runpath.split(":"))
+                runpath.extend(_tag_string(tag, "runpath").split(":"))
     machine = str(elf["e_machine"])  # pyelftools gives a number for machines it does not know
     return ElfInfo(
         machine=machine,
@@ -132,3 +132,11 @@ def _section(elf: ELFFile, name: str, file_size: int) -> Any:  # a pyelftools Se
     if end > file_size:
         raise ValueError(f"section {name} ends at 0x{end:x}, past the end of the file (0x{file_size:x} bytes)")
     return section
+
+
+def _tag_string(tag: DynamicTag, name: str) -> str:
+    """The string pyelftools attaches to a dynamic tag under ``name`` (set at run time, so untyped)."""
+    value = getattr(tag, name)
+    if not isinstance(value, str):
+        raise TypeError(f"dynamic tag {tag.entry.d_tag} has no string {name}")
+    return value
