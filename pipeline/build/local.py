@@ -138,7 +138,7 @@ def _build_venv(step: BuildDescription, layout: Layout, venv: Path, log_file: Pa
     build_wheels = fetch_build_wheels(step.recipe, layout.recipes_dir, logger)
     if build_wheels:
         # Prebuilt wheels the package is built against (hash-checked when fetched). No bytecode:
-        # a throwaway venv, and torch's thousands of modules would take minutes to compile.
+        # a throwaway venv, and compiling torch's thousands of modules is most of an install's time.
         run([*pip, "--no-compile", *build_wheels], log_file=log_file, logger=logger)
     if step.rocm_wheels:
         run(

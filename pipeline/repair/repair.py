@@ -50,13 +50,8 @@ if TYPE_CHECKING:
     from pipeline.wheel.analyze import TargetLayout
     from pipeline.wheel.elf import ElfInfo
 
-# Deflate level of the members repair changes (unchanged ones keep their bytes). zlib-ng level 5
-# instead of 6, measured on the changed libraries themselves (4 MiB chunks, one core):
-# cupy-rocm-7-0 14.2.0 (350 MB of ELF): level 6 3.42 CPU-s -> 66.7 MB, 5 2.45 s -> 67.0 MB,
-# 4 2.21 s -> 68.8 MB, 1 0.87 s -> 89.2 MB; jax-rocm7-pjrt 0.12.0 (438 MB): 6 5.44 s -> 130.0 MB,
-# 5 4.66 s -> 130.4 MB, 4 4.13 s -> 132.4 MB, 1 1.55 s -> 163.8 MB. Level 5 costs 0.3-0.4 MB
-# (under 0.5 % of either wheel) for 14-28 % less CPU; level 4 would cost 2-3 % of the wheel on
-# every upload, download and copy.
+# Deflate level of the members repair changes (unchanged ones keep their bytes): level 5 costs under
+# 0.5 % of the wheel for 14-28 % less CPU than 6 (benchmarks/README.md, "Figures behind the code").
 ZIP_LEVEL = 5
 _NOTED_FILES = 16  # files with the same bytes a cache note vouches for, besides the newest
 _ORIGIN = ("$ORIGIN", "${ORIGIN}")
