@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config.gpu_processors import gpu_processors, processor_table
+from pipeline.config.gpu_processors import gpu_processors, processor_table, warn_if_unverified
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets, runs_on
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.wheel.elf import amdgpu_processor
@@ -105,15 +105,17 @@ def test_table_covers_every_processor_of_the_recipes_and_the_lock():
     assert {"gfx90a", "gfx942", "gfx1250"} <= named <= set(gpu_processors().by_name)
 
 
-def test_unverified_entries_are_named_in_one_warning(caplog):
-    document = {
-        "processors": {"gfx1": {"mach": 0x20, "family": "x"}, "gfx2": {"mach": 0x21, "unverified": "why"}},
-        "generic": {"gfx-generic": {"mach": 0x51, "unverified": "why"}},
-    }
+def test_an_unverified_processor_is_warned_about_once_when_used(caplog):
+    unverified = next(name for name, entry in gpu_processors().by_name.items() if entry.unverified and entry.family)
+    verified = next(name for name, entry in gpu_processors().by_name.items() if not entry.unverified and entry.family)
+    warn_if_unverified.cache_clear()
     with caplog.at_level(logging.WARNING, logger="rocwheels"):
-        processor_table(document)
+        parse_targets(verified)
+        assert not caplog.records, "a verified processor warns of nothing"
+        parse_targets(f"{unverified};{verified}")
+        parse_targets(unverified)
     (record,) = caplog.records
-    assert "gfx2, gfx-generic" in record.getMessage()
+    assert unverified in record.getMessage() and "unverified" in record.getMessage()
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def gpu_processors() -> ProcessorTable:
 
 def processor_table(document: Mapping[str, Any]) -> ProcessorTable:
     """The table a parsed ``gfx-targets.toml`` holds, checked (unique names and values, known
-    generic targets); warns, naming the entries marked ``unverified``."""
+    generic targets)."""
     processors = document.get("processors", {})
     generics = document.get("generic", {})
     serves: dict[str, list[str]] = {name: [] for name in generics}
@@ -84,9 +84,6 @@ def processor_table(document: Mapping[str, Any]) -> ProcessorTable:
                 fix="check both values against the source the file cites",
             )
         by_name[entry.name] = by_mach[entry.mach] = entry
-    unverified = [entry.name for entry in entries if entry.unverified]
-    if unverified:
-        log.warning("warning: %s: unverified entries (see their notes): %s", TABLE_FILE, ", ".join(unverified))
     return ProcessorTable(MappingProxyType(by_name), MappingProxyType(by_mach))
 
 
@@ -107,3 +104,11 @@ def _entry(name: str, fields: Any, section: str, serves: tuple[str, ...]) -> Gpu
         serves=serves,
         unverified=fields.get("unverified"),
     )
+
+
+@cache
+def warn_if_unverified(name: str) -> None:
+    """Warn once per process when a processor whose table values are unverified is used (ARCH, a code object)."""
+    entry = gpu_processors().by_name.get(name)
+    if entry is not None and entry.unverified:
+        log.warning("warning: %s: %s is unverified (%s)", TABLE_FILE, name, entry.unverified)

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.config.gpu_processors import gpu_processors
+from pipeline.config.gpu_processors import gpu_processors, warn_if_unverified
 from pipeline.errors import InputError
 
 _TARGET_ID = re.compile(r"^(gfx[0-9a-f]+(?:-[0-9]+)*(?:-generic)?)((?::(?:sramecc|xnack)[+-])*)$")
@@ -61,6 +61,7 @@ def parse_targets(arch: str) -> tuple[GpuTarget, ...]:
                 fix=f"use AMD processor names such as gfx90a or gfx942; known: {', '.join(known_processors())}",
             )
         target = GpuTarget(match.group(1), match.group(2))
+        warn_if_unverified(target.processor)
         if target not in parsed:
             parsed.append(target)
     if not parsed:
