@@ -16,6 +16,7 @@ DRIVER ?= container
 ROCM ?=
 PYTHON_VERSION ?=
 FROM_INDEX ?=
+NO_PIN ?=
 FORMAT ?= json
 OUTPUT ?=
 REPOSITORY ?=
@@ -72,7 +73,7 @@ lock-check: venv
 
 wheels: venv
 	$(BIN)/rocwheels wheels --arch '$(ARCH)' --driver '$(DRIVER)' $(if $(RECIPES),--recipes '$(RECIPES)') $(if $(ROCM),--rocm '$(ROCM)') \
-	  $(if $(PYTHON_VERSION),--python '$(PYTHON_VERSION)') $(if $(FROM_INDEX),--from-index '$(FROM_INDEX)')
+	  $(if $(PYTHON_VERSION),--python '$(PYTHON_VERSION)') $(if $(FROM_INDEX),--from-index '$(FROM_INDEX)') $(if $(NO_PIN),--no-pin)
 
 ci-matrix: venv
 	$(BIN)/rocwheels ci matrix --arch '$(ARCH)' --driver '$(DRIVER)' --format '$(FORMAT)' $(if $(RECIPES),--recipes '$(RECIPES)') \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -221,6 +222,11 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 @target_options
 @click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
 @click.option(
+    "--no-pin",
+    is_flag=True,
+    help="refuse a builder image the lock names by tag instead of pinning its digest on first use (always so in CI)",
+)
+@click.option(
     "--from-index",
     default=None,
     envvar="ROCWHEELS_REUSE_INDEX",
@@ -236,12 +242,20 @@ def wheels_command(
     jobs: int | None,
     python: str | None,
     force: bool,
+    no_pin: bool,
     from_index: str | None,
 ) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from pipeline.wheels import make_wheels, summary_table
 
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
+    # Trust on first use, where a person runs it: CI must build from what was reviewed and committed.
+    if driver == "container" and not plan.line.pinned and not no_pin and not os.environ.get("CI"):
+        from pipeline.build.container import pin_on_first_use
+        from pipeline.build.engine import detect_engine
+
+        if pin_on_first_use(plan.line_name, plan.line, obj.layout.recipes_dir, detect_engine):
+            plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
     with wheelhouse_lock(obj.layout.wheelhouse):
         if from_index and not force:
             from pipeline.ci import fetch_from_index
