@@ -67,15 +67,19 @@ def smoke_test(
         venv = Path(folder) / "venv"
         venv_python = venv / "bin" / "python"
         try:
-            run([python, "-m", "venv", venv], log_file=log_file)
+            # No pip inside: seeding one is most of a venv's cost. rocwheels' own pip installs into
+            # it (--python), with the same resolver, configuration and constraints as before.
+            run([python, "-m", "venv", "--without-pip", venv], log_file=log_file)
             links = ["--find-links", str(find_links)] if find_links else []
             links += [option for url in index_urls for option in ("--extra-index-url", url)]
             # --no-compile: the venv is thrown away, and byte-compiling the torch it installs is slow.
             run(
                 [
-                    venv_python,
+                    sys.executable,
                     "-m",
                     "pip",
+                    "--python",
+                    venv_python,
                     "install",
                     "--disable-pip-version-check",
                     "-q",
