@@ -30,6 +30,7 @@ from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.repair.pins import linked_builds
 from pipeline.repair.repair import RepairSettings
 from pipeline.verify.verify import Expectations
+from pipeline.wheel.zipwrite import ZIP_EPOCH
 
 log = logging.getLogger("rocwheels")
 
@@ -219,11 +220,14 @@ def resolve(
         "targets": formatted_targets,
         "jobs": str(jobs or default_jobs()),
     }
+    epoch = ZIP_EPOCH if line.source_date_epoch is None else line.source_date_epoch
     env = {
         **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
         **{key: value.format_map(values) for key, value in recipe.env.items()},
         **line.env,
         recipe.targets.env: formatted_targets,
+        # Last: the time the build backend writes into the wheel is the one repair writes too.
+        "SOURCE_DATE_EPOCH": str(epoch),
     }
     pins = (*requires_dist(line), *linked_builds(recipe, dependencies))
     repair = RepairSettings(
@@ -233,6 +237,7 @@ def resolve(
         extra_rpath=recipe.repair.rpath,
         plat=line.platform,
         requires_pins=pins,
+        source_date_epoch=epoch,
     )
     expect = Expectations(
         layout=repair.target_layout(),

@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from pydantic import AfterValidator, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pipeline.config.models import Model, read_toml, validate
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, recipe_path
@@ -84,6 +84,9 @@ class Line(Model):
     platform: str | None = None
     # Build environment this line's toolchain wants for every recipe (over the recipe's own env).
     env: dict[str, str] = {}
+    # SOURCE_DATE_EPOCH of every build on the line and the time of every member of its wheels, so
+    # that the same inputs give the same bytes (recipes/README.md); None: 1980-01-01, zip's first.
+    source_date_epoch: Annotated[int, Field(ge=0)] | None = None
     versions: dict[str, str]
 
     @field_validator("rocm")
