@@ -22,7 +22,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from pipeline.config import lock as lockmod
 from pipeline.config.layout import Layout
-from pipeline.config.lock import Line
+from pipeline.config.lock import Line, rocm_values
 from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
 from pipeline.config.rocm_wheels import index_urls, link_packages, requires_dist
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
@@ -168,17 +168,6 @@ def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Pat
             "gpu_code": fallback.gpu_code,
         }
     )
-
-
-def rocm_values(line: Line) -> dict[str, str]:
-    """The ``{rocm...}`` placeholders of recipes: ``7.2.1``, ``7.2``, ``721``, ``72``."""
-    parts = line.rocm.split(".")
-    return {
-        "rocm": line.rocm,
-        "rocm_short": ".".join(parts[:2]),
-        "rocm_digits": "".join(parts)[:3],
-        "rocm_short_digits": "".join(parts[:2]),
-    }
 
 
 def wheel_version(recipe: Recipe, line: Line) -> str:
