@@ -327,7 +327,10 @@ def _check_label_order(path: Path, lock: Lock, recipes: dict[str, RecipeFile]) -
             where, field = (
                 (path, f"lines.{new_name}.label")
                 if template == "{line_label}"
-                else (recipe_path(path.parent, package), f"versions.{version}.local_version" if own else "local_version")
+                else (
+                    recipe_path(path.parent, package),
+                    f"versions.{version}.local_version" if own else "local_version",
+                )
             )
             raise ConfigError(
                 where,
