@@ -1,5 +1,5 @@
 # rocwheels: every target creates/uses the project venv itself.
-#   make demo                        canary: build -> repair -> verify -> publish -> install
+#   make demo                        canary: build -> repair -> verify -> publish -> install, in build/demo/
 #   make lint                        ruff (lint, format) and mypy on pipeline/; make test runs it first
 #   make test                        the test suite (installs hipcc/podman when missing, as root)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line

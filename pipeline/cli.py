@@ -274,7 +274,7 @@ def wheels_command(
     "--wheel-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="output folder (default: the wheelhouse)",
+    help="output folder (default: repaired/ in the work folder; never the wheelhouse, which holds only verified wheels)",
 )
 @click.option(
     "--rocm",
@@ -351,7 +351,7 @@ def repair_command(
         requires_pins=requires_pin,
         rocm_wheels=rocm_provider == "wheels",
     )
-    output = (wheel_dir or obj.layout.wheelhouse).resolve()
+    output = (wheel_dir or obj.layout.repaired).resolve()
     for repaired in repair_files(obj.layout, _wheel_paths(wheels), output, options):
         click.echo(str(repaired))
 

@@ -22,7 +22,7 @@ from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from pipeline.config import lock as lockmod
 from pipeline.config.layout import Layout
-from pipeline.config.lock import Line
+from pipeline.config.lock import Line, rocm_values
 from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
 from pipeline.config.rocm_wheels import index_urls, link_packages, requires_dist
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
@@ -31,6 +31,7 @@ from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.repair.pins import linked_builds
 from pipeline.repair.repair import RepairSettings
 from pipeline.verify.verify import Expectations
+from pipeline.wheel.zipwrite import ZIP_EPOCH
 
 log = logging.getLogger("rocwheels")
 
@@ -165,17 +166,6 @@ def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Pat
     )
 
 
-def rocm_values(line: Line) -> dict[str, str]:
-    """The ``{rocm...}`` placeholders of recipes: ``7.2.1``, ``7.2``, ``721``, ``72``."""
-    parts = line.rocm.split(".")
-    return {
-        "rocm": line.rocm,
-        "rocm_short": ".".join(parts[:2]),
-        "rocm_digits": "".join(parts)[:3],
-        "rocm_short_digits": "".join(parts[:2]),
-    }
-
-
 def wheel_version(recipe: Recipe, line: Line) -> str:
     """The exact version a wheel of ``recipe`` built for ``line`` carries: ``2.5.1+rocm6.2``."""
     return f"{recipe.version}+{recipe.local_version.format_map(rocm_values(line))}"
@@ -215,11 +205,14 @@ def resolve(
         "targets": formatted_targets,
         "jobs": str(jobs or default_jobs()),
     }
+    epoch = ZIP_EPOCH if line.source_date_epoch is None else line.source_date_epoch
     env = {
         **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
         **{key: value.format_map(values) for key, value in recipe.env.items()},
         **line.env,
         recipe.targets.env: formatted_targets,
+        # Last: the time the build backend writes into the wheel is the one repair writes too.
+        "SOURCE_DATE_EPOCH": str(epoch),
     }
     pins = (*requires_dist(line), *linked_builds(recipe, dependencies))
     repair = RepairSettings(
@@ -229,6 +222,7 @@ def resolve(
         extra_rpath=recipe.repair.rpath,
         plat=line.platform,
         requires_pins=pins,
+        source_date_epoch=epoch,
     )
     expect = Expectations(
         layout=repair.target_layout(),

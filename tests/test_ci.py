@@ -80,7 +80,7 @@ def test_torch_comes_first_and_vllm_last_in_the_default_line() -> None:
     vllm = next(job for job in matrix.jobs if job.recipe == "vllm")
     assert set(vllm.needs) == {"torch", "triton", "flash-attention"}
     assert stage["vllm"] > stage["flash-attention"]
-    assert vllm.artifacts[0] == "wheelhouse/vllm-0.34.0+rocm72-*"  # the label vLLM gives itself
+    assert vllm.artifacts[0] == "wheelhouse/vllm-0.34.0+rocm7.2-*"  # the line's label (VLLM_VERSION_OVERRIDE)
 
 
 def test_the_cli_matrix_is_the_plans(tmp_path: Path) -> None:

@@ -74,7 +74,13 @@ def test_make_wheels_for_the_canary(tmp_path, canary_targets):
 
 
 def test_demo_end_to_end(tmp_path):
-    """make demo's job: build, repair, verify, publish to pypiserver, install, smoke test; no server left."""
+    """make demo's job: build, repair, verify, publish to pypiserver, install, smoke test; no server
+    left, and the user's wheelhouse as it was."""
+    users = tmp_path / "wheelhouse"
+    users.mkdir()
+    theirs = users / "rocm_canary-0.1.0+rocm5.2-cp311-cp311-manylinux_2_5_x86_64.whl"
+    theirs.write_bytes(b"a teammate's verified wheel")
+    before = {path.name: path.read_bytes() for path in users.iterdir()}
     env = {
         **os.environ,
         "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"),
@@ -92,3 +98,5 @@ def test_demo_end_to_end(tmp_path):
         ["pgrep", "-f", "pypiserver(_records)? run .*rocwheels-demo-"], capture_output=True, text=True
     )
     assert servers.stdout == "", "a process of the demo is still running"
+    assert {path.name: path.read_bytes() for path in users.iterdir()} == before
+    assert list((tmp_path / "work" / "demo" / "wheelhouse").glob("rocm_canary-*.whl"))

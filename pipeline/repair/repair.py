@@ -44,7 +44,15 @@ from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
 from pipeline.util.log import LOGGER, AnyLogger
-from pipeline.wheel.zipwrite import Added, copy_file, extract_members, piecewise_sha256, record_rows, write_stored
+from pipeline.wheel.zipwrite import (
+    Added,
+    copy_file,
+    extract_members,
+    is_stamped,
+    piecewise_sha256,
+    record_rows,
+    write_stored,
+)
 
 if TYPE_CHECKING:
     from pipeline.wheel.analyze import TargetLayout
@@ -73,7 +81,10 @@ class RepairSettings:
     :class:`LinkPackage`) are libraries found in other installed packages; ``extra_rpath``
     entries are added to every file that needs an excluded library from outside the wheel;
     ``plat`` is a manylinux tag to insist on (by default auditwheel picks the most compatible);
-    ``requires_pins`` are exact requirements (``torch==2.14.1+rocm7.2``) METADATA must carry.
+    ``requires_pins`` are exact requirements (``torch==2.14.1+rocm7.2``) METADATA must carry;
+    ``source_date_epoch`` (the build's SOURCE_DATE_EPOCH) is every member's time in the repaired
+    wheel, its permissions fixed too, so that a rebuild of the same inputs gives the same bytes
+    (None: a wheel the project cannot describe keeps its own).
     """
 
     excludes: tuple[str, ...] = ()
@@ -83,6 +94,7 @@ class RepairSettings:
     extra_rpath: tuple[str, ...] = ()
     plat: str | None = None
     requires_pins: tuple[str, ...] = ()
+    source_date_epoch: int | None = None
     links: tuple[LinkPackage, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -129,12 +141,21 @@ class RepairSettings:
             "extra_rpath": list(self.extra_rpath),
             "plat": self.plat,
             "requires_pins": list(self.requires_pins),
+            "source_date_epoch": self.source_date_epoch,
         }
 
     @classmethod
     def from_document(cls, data: object, source: Path) -> RepairSettings:
         """Settings from :meth:`document`'s data, read from ``source`` (named in the error)."""
-        fields = {"excludes", "rocm_lib_dir", "link_packages", "extra_rpath", "plat", "requires_pins"}
+        fields = {
+            "excludes",
+            "rocm_lib_dir",
+            "link_packages",
+            "extra_rpath",
+            "plat",
+            "requires_pins",
+            "source_date_epoch",
+        }
         if not isinstance(data, dict) or set(data) != fields:
             raise RocwheelsError(
                 f"{source}: not repair settings (expected the keys {', '.join(sorted(fields))})",
@@ -147,6 +168,7 @@ class RepairSettings:
             extra_rpath=tuple(data["extra_rpath"]),
             plat=data["plat"],
             requires_pins=tuple(data["requires_pins"]),
+            source_date_epoch=data["source_date_epoch"],
         )
 
     @classmethod
@@ -326,12 +348,21 @@ def repair_wheel(
                 dropped=frozenset(dropped),
                 compression_level=compression_level,
                 threads=threads,
+                source_date_epoch=settings.source_date_epoch,
             )
         else:
             patched, changed = patched_ahead, {**patched_ahead, **early_changes, **retag}
             source = ahead_wheel or raw_wheel
-            if retag:
-                final = rewrite_wheel(source, dest, replace=retag, compression_level=compression_level, threads=threads)
+            epoch = settings.source_date_epoch
+            if retag or (epoch is not None and not is_stamped(source, epoch)):
+                final = rewrite_wheel(
+                    source,
+                    dest,
+                    replace=retag,
+                    compression_level=compression_level,
+                    threads=threads,
+                    source_date_epoch=epoch,
+                )
             elif ahead_wheel:
                 final = _move(ahead_wheel, dest)
             else:
@@ -396,6 +427,7 @@ def _patch_ahead(
         compression_level=compression_level,
         threads=threads,
         yield_cpu=True,
+        source_date_epoch=settings.source_date_epoch,
     )
 
 
@@ -506,7 +538,8 @@ def _taken_from(
         files = extract(after, different, folder)
     changed: dict[str, bytes | Path] = {}
     added: dict[str, Added] = {}
-    for name in different:
+    # By name: auditwheel's wheel lists them in the order its folder walk met them.
+    for name in sorted(different):
         if name in members:
             changed[name] = files[name]
             if _is_elf_file(files[name]):

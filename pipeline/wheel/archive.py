@@ -180,13 +180,15 @@ def rewrite_wheel(
     threads: int | None = None,
     force_zip64: bool = False,
     yield_cpu: bool = False,
+    source_date_epoch: int | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
     ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD
     recomputed (see :func:`pipeline.wheel.zipwrite.write_wheel`).
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
-    reproducible); unchanged ones keep their compressed bytes. ``dest`` appears atomically.
+    reproducible), or with ``source_date_epoch`` all get that time and fixed permissions;
+    unchanged ones keep their compressed bytes. ``dest`` appears atomically.
     """
     if (
         not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION
@@ -207,6 +209,7 @@ def rewrite_wheel(
         threads=threads,
         force_zip64=force_zip64,
         yield_cpu=yield_cpu,
+        source_date_epoch=source_date_epoch,
     )
 
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import csv
 import hashlib
 import io
 import os
 import struct
 import threading
+import time
 import zipfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -47,6 +49,8 @@ _LOCATOR64 = struct.Struct("<IIQI")
 _DESCRIPTOR = 0x08074B50
 _ZIP64_EXTRA = 0x0001
 _MADE_BY_UNIX = 3 << 8 | 45  # unix attributes, spec version 4.5 (ZIP64)
+# The earliest time a zip can hold (1980-01-01 UTC): SOURCE_DATE_EPOCH below it is taken as it, as wheel does.
+ZIP_EPOCH = 315532800
 
 
 @dataclass(frozen=True)
@@ -69,13 +73,16 @@ def write_wheel(
     threads: int | None = None,
     force_zip64: bool = False,
     yield_cpu: bool = False,
+    source_date_epoch: int | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` (atomically) with ``changed`` members' new content, ``added``
     members appended, ``dropped`` ones left out and ``record`` (the RECORD member) rewritten last.
 
-    Unchanged members keep their bytes, RECORD rows, time stamps and order. ``threads`` deflate
-    in parallel (default: the cores this process may use); with ``yield_cpu`` at the lowest CPU
-    priority, for a caller with more urgent work running meanwhile.
+    Unchanged members keep their bytes, RECORD rows and order, and their time stamps and
+    permissions unless ``source_date_epoch`` is given: then every member gets that time and
+    :func:`fixed_mode`, so the same contents give the same bytes whenever and wherever they were
+    built. ``threads`` deflate in parallel (default: the cores this process may use); with
+    ``yield_cpu`` at the lowest CPU priority, for a caller with more urgent work running meanwhile.
     """
     changed = dict(changed or {})
     added = dict(added or {})
@@ -94,24 +101,28 @@ def write_wheel(
             max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
         ) as pool:
             new_rows: list[tuple[str, str, str]] = []
+
+            def entry(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
+                return info if source_date_epoch is None else stamped(info, source_date_epoch)
+
             for member in archive.infolist():
                 if member.filename == record or member.filename in dropped:
                     continue
                 content = changed.get(member.filename)
                 if content is None:
-                    writer.copy(raw, member)
+                    writer.copy(raw, member, entry(member))
                     if not member.is_dir():
                         new_rows.append(rows.get(member.filename) or (member.filename, "", ""))
                 else:
-                    new_rows.append(writer.deflate(pool, member.filename, content, _like(member), level))
-            for name, entry in added.items():
+                    new_rows.append(writer.deflate(pool, member.filename, content, entry(_like(member)), level))
+            for name, addition in added.items():
                 info = zipfile.ZipInfo(name, date_time=_newest(archive))
-                info.external_attr = (0o100000 | entry.mode) << 16
-                new_rows.append(writer.deflate(pool, name, entry.content, info, level))
+                info.external_attr = (0o100000 | addition.mode) << 16
+                new_rows.append(writer.deflate(pool, name, addition.content, entry(info), level))
             new_rows.append((record, "", ""))
             text = io.StringIO()
             csv.writer(text, lineterminator="\n").writerows(new_rows)
-            writer.deflate(pool, record, text.getvalue().encode("utf-8"), _like(archive.getinfo(record)), level)
+            writer.deflate(pool, record, text.getvalue().encode("utf-8"), entry(_like(archive.getinfo(record))), level)
         writer.finish()
     return dest
 
@@ -258,8 +269,9 @@ class _Writer:
         self.force_zip64 = force_zip64
         self.central: list[bytes] = []
 
-    def copy(self, raw: io.BufferedReader, member: zipfile.ZipInfo) -> None:
-        """Copy ``member``'s local header, data and data descriptor as they are."""
+    def copy(self, raw: io.BufferedReader, member: zipfile.ZipInfo, entry: zipfile.ZipInfo) -> None:
+        """Copy ``member``'s local header, data and data descriptor as they are, but for the time
+        and permissions of ``entry`` (``member`` itself, or :func:`stamped`)."""
         raw.seek(member.header_offset)
         header = raw.read(_LOCAL.size)
         fields = _LOCAL.unpack(header)
@@ -273,8 +285,13 @@ class _Writer:
         offset = self.out.tell()
         raw.seek(member.header_offset)
         _copy_range(raw, self.out, length)
+        if entry is not member:
+            end = self.out.tell()
+            self.out.seek(offset + 10)  # the local header's modification time and date
+            self.out.write(struct.pack("<HH", *_dos_time(entry)))
+            self.out.seek(end)
         self._central_entry(
-            member, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type
+            entry, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type
         )
 
     def store(self, name: str, content: bytes | Path, crc: int) -> None:
@@ -531,6 +548,35 @@ def _like(member: zipfile.ZipInfo) -> zipfile.ZipInfo:
     info = zipfile.ZipInfo(member.filename, date_time=member.date_time)
     info.external_attr = member.external_attr
     return info
+
+
+def fixed_mode(info: zipfile.ZipInfo) -> int:
+    """The external attributes a reproducible wheel gives a member: 0755 where anyone may execute
+    it or it is a folder, else 0644 (what the build folder's umask gave it does not count)."""
+    mode = info.external_attr >> 16
+    if info.is_dir():
+        return (0o40755 << 16) | 0x10  # and the MS-DOS folder bit
+    return (0o100755 if mode & 0o111 else 0o100644) << 16
+
+
+def epoch_time(source_date_epoch: int) -> tuple[int, int, int, int, int, int]:
+    """SOURCE_DATE_EPOCH as a zip member's time (UTC, from 1980 on)."""
+    return time.gmtime(max(source_date_epoch, ZIP_EPOCH))[:6]
+
+
+def stamped(info: zipfile.ZipInfo, source_date_epoch: int) -> zipfile.ZipInfo:
+    """A copy of ``info`` with the time of ``source_date_epoch`` and :func:`fixed_mode`."""
+    entry = copy.copy(info)
+    entry.date_time = epoch_time(source_date_epoch)
+    entry.external_attr = fixed_mode(info)
+    return entry
+
+
+def is_stamped(wheel: Path, source_date_epoch: int) -> bool:
+    """Whether every member of ``wheel`` already has the time and permissions :func:`stamped` gives."""
+    when = epoch_time(source_date_epoch)
+    with zipfile.ZipFile(wheel) as archive:
+        return all(i.date_time == when and i.external_attr == fixed_mode(i) for i in archive.infolist())
 
 
 def _dos_time(info: zipfile.ZipInfo) -> tuple[int, int]:
