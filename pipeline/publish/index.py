@@ -18,7 +18,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote
 
-from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, NormalizedName
 from packaging.version import Version
 
 from pipeline.config.layout import Layout
@@ -26,7 +26,7 @@ from pipeline.errors import RocwheelsError
 from pipeline.util.files import atomic_write, file_sha256
 from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, wheelhouse_lock
 from pipeline.verify.provenance import Provenance, record_path
-from pipeline.wheel.archive import check_wheel
+from pipeline.wheel.archive import check_wheel, parse_wheel_name
 
 log = logging.getLogger("rocwheels")
 
@@ -58,7 +58,7 @@ def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:
     wheels = []
     for path in sorted(wheelhouse.glob("*.whl")):
         try:
-            project, version, _build, _tags = parse_wheel_filename(path.name)
+            project, version, _build, _tags = parse_wheel_name(path.name)
         except InvalidWheelFilename as exc:
             raise RocwheelsError(
                 f"{path}: not a valid wheel file name ({exc})",
