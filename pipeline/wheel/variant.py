@@ -57,7 +57,7 @@ def served_processors(code_targets: Iterable[str]) -> tuple[str, ...]:
     """The processors code for ``code_targets`` runs on, sorted: a generic target (gfx11-generic)
     stands for its members, which is what a GPU's provider reports (values allow no ``-``)."""
     table = gpu_processors().by_name
-    served = set()
+    served: set[str] = set()
     for target in code_targets:
         entry = table.get(target)
         served.update(entry.serves if entry is not None and entry.serves else (target,))
