@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import sysconfig
@@ -185,27 +186,45 @@ def test_pip_installs_the_plain_wheel_beside_variants(tmp_path, variant_house, s
     assert _installed(python) == "plain"
 
 
+README_URL = "http://buildhost:8000/simple/rocm6.2/"
+
+
+def readme_uv_command() -> list[str]:
+    """The uv command of the README's variant section, as a teammate types it."""
+    section = (REPO / "README.md").read_text().split("### GPU builds: variant wheels", 1)[1].split("\n#", 1)[0]
+    (line,) = [line.strip() for line in section.splitlines() if line.strip().startswith("uv pip install")]
+    return shlex.split(line)
+
+
 @pytest.mark.network
 def test_uv_with_wheel_variants_skips_amds_provider(tmp_path, variant_house, static_server):
-    """uv 0.13 runs only the providers it builds in (NVIDIA, TPU, x86-64, aarch64): with the
-    wheel-variants preview on and a GPU forced it still takes the plain wheel, and a release with
-    only AMD variants is refused, never installed for the wrong GPU."""
+    """uv 0.13 runs only the providers it builds in (NVIDIA, TPU, x86-64, aarch64): the README's
+    command, with the wheel-variants preview on and a GPU forced, still takes the plain wheel; a
+    release with only AMD variants is refused, never installed for the wrong GPU."""
     build_static_index(variant_house)
     uv = shutil.which("uv", path=sysconfig.get_path("scripts"))
     assert uv, "uv comes with rocwheels' environment"
     env = {**_tool_env(tmp_path), "ROCM_BOOTSTRAP_FORCE_GFX_ARCH": "gfx942"}
     run([uv, "venv", "-q", "--python", sys.executable, tmp_path / "venv"], env=env)
     python = tmp_path / "venv" / "bin" / "python"
+    words = readme_uv_command()
+    assert words[:3] == ["uv", "pip", "install"]
     with static_server(variant_house) as url:
-        install = [uv, "pip", "install", "-v", "--python", python, "--preview-features", "wheel-variants"]
-        out = run([*install, "--index-url", f"{url}simple/rocm6.2/", "rocm-canary"], env=env).output
+        install = [
+            uv,
+            "pip",
+            "install",
+            "-v",
+            "--python",
+            python,
+            *(w.replace(README_URL, f"{url}simple/rocm6.2/") for w in words[3:]),
+        ]
+        out = run(install, env=env).output
         assert "Skipping unsupported wheel variant provider `rocm_bootstrap.variant_provider:AMDVariantPlugin`" in out
         assert _installed(python) == "plain"
         (variant_house / "rocm_canary-0.1.0+rocm6.2-py3-none-any.whl").unlink()
         build_static_index(variant_house)
         run([uv, "pip", "uninstall", "--python", python, "rocm-canary"], env=env)
-        refused = run(
-            [*install, "--refresh", "--index-url", f"{url}simple/rocm6.2/", "rocm-canary"], env=env, check=False
-        )
+        refused = run([*install, "--refresh"], env=env, check=False)
     assert refused.returncode != 0
     assert "has only unsupported wheel variants" in refused.output

@@ -24,7 +24,7 @@ from variantlib.models.variant_info import ProviderInfo, VariantInfo
 from variantlib.variant_dist_info import VariantDistInfo
 from variantlib.variants_json import VariantsJson
 
-from pipeline.config.targets import gpu_processors
+from pipeline.config.gpu_processors import gpu_processors
 from pipeline.errors import RocwheelsError
 from pipeline.wheel.archive import check_wheel, open_wheel, rewrite_wheel
 from pipeline.wheel.zipwrite import Added
@@ -97,7 +97,7 @@ def variant_json(variant: WheelVariant) -> str:
     )
     info = VariantInfo(namespace_priorities=[NAMESPACE], providers={NAMESPACE: PROVIDER})
     # No plugin is loaded here: amd is an install-time provider, its properties are checked by verify.
-    return make_variant_dist_info(description, variant_info=info)
+    return str(make_variant_dist_info(description, variant_info=info))
 
 
 @dataclass(frozen=True)
