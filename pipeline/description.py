@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename
 
 from pipeline.config import lock as lockmod
 from pipeline.config.layout import Layout
@@ -31,6 +31,8 @@ from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.repair.pins import linked_builds
 from pipeline.repair.repair import RepairSettings
 from pipeline.verify.verify import Expectations
+from pipeline.wheel.archive import parse_wheel_name
+from pipeline.wheel.variant import WheelVariant, served_processors, variant_label
 from pipeline.wheel.zipwrite import ZIP_EPOCH
 
 log = logging.getLogger("rocwheels")
@@ -59,6 +61,9 @@ class BuildDescription:
     constraints: Path | None
     repair: RepairSettings
     expect: Expectations  # what verify checks, the smoke test's environment and requirements included
+    # The PEP 825 variant the wheels are published as (label, amd :: gfx_arch values); None for a
+    # wheel without GPU code or whose targets are not known.
+    variant: WheelVariant | None = None
 
     @property
     def name(self) -> str:
@@ -99,6 +104,15 @@ class BuildDescription:
             "constraints": str(self.constraints.relative_to(self.constraints.parents[1])) if self.constraints else None,
             "commands": [*self.pre, f"python -m build {' '.join(self.build_args)}"],
             "gpu_code": self.recipe.gpu_code,
+            "variant": (
+                {
+                    "label": self.variant.label,
+                    "gfx_arch": list(self.variant.processors),
+                    "plain": self.variant.plain,
+                }
+                if self.variant
+                else None
+            ),
             "repair": self.repair.document(),
             "verify": {
                 "targets": list(expect.targets) if expect.targets is not None else None,
@@ -237,6 +251,7 @@ def resolve(
         index_urls=index_urls(line),
     )
     return BuildDescription(
+        variant=wheel_variant(targets, line) if recipe.gpu_code else None,
         recipe=recipe,
         line_name=line_name,
         line=line,
@@ -253,6 +268,17 @@ def resolve(
     )
 
 
+def wheel_variant(targets: tuple[GpuTarget, ...] | None, line: Line) -> WheelVariant | None:
+    """The variant a build for ``targets`` is published as. The build for the line's default targets
+    (every target it lists, what a build without ARCH makes) is also the line's plain wheel: the one
+    pip and installers without variant support get, with code for every GPU of the line."""
+    if not targets:
+        return None
+    processors = served_processors(t.processor for t in targets)
+    plain = set(processors) == set(served_processors(t.processor for t in line.default_targets))
+    return WheelVariant(variant_label(processors), processors, plain)
+
+
 def describe_wheel(
     layout: Layout, wheel: Path, rocm: str | None, targets: tuple[GpuTarget, ...] | None
 ) -> BuildDescription | None:
@@ -266,7 +292,7 @@ def describe_wheel(
     if not (layout.recipes_dir / LOCK_FILE).is_file():
         return None  # outside a rocwheels project (inside the builder image, say)
     try:
-        dist, version = parse_wheel_filename(wheel.name)[:2]
+        dist, version = parse_wheel_name(wheel.name)[:2]
     except InvalidWheelFilename:
         return None  # the stage's own wheel check explains what is wrong with it
     recipes = load_recipes(layout.recipes_dir)
@@ -340,7 +366,7 @@ def _recorded_origin(
 def _fallback_targets(recipe: Recipe, wheel: Path) -> tuple[GpuTarget, ...] | None:
     """For a wheel without GPU code of a recipe whose fallback makes such wheels: the fallback's targets."""
     fallback = recipe.targets.fallback
-    platforms = {tag.platform for tag in parse_wheel_filename(wheel.name)[3]}
+    platforms = {tag.platform for tag in parse_wheel_name(wheel.name)[3]}
     if fallback is None or fallback.gpu_code or platforms != {"any"}:
         return None
     return parse_targets(";".join(p for p in fallback.supported if p not in recipe.targets.supported))

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
-
 from pipeline.build.compiler_cache import RemoteCache, SccacheServer, remote_cache
 from pipeline.build.sources import fetch_build_wheels, prepare_source
 from pipeline.config.layout import Layout, fresh_dir
@@ -25,6 +23,7 @@ from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.util.cmd import run
 from pipeline.util.log import RecipeLogger, recipe_logger
+from pipeline.wheel.archive import parse_wheel_name, split_variant
 
 
 @dataclass(frozen=True)
@@ -152,12 +151,14 @@ def _build_venv(step: BuildDescription, layout: Layout, venv: Path, log_file: Pa
     return venv
 
 
-def find_wheels(folder: Path, dist_name: str, version: str) -> list[Path]:
-    """The wheels of exactly ``dist_name==version`` in ``folder`` (one per Python version)."""
+def find_wheels(folder: Path, dist_name: str, version: str, label: str | None = None) -> list[Path]:
+    """The wheels of exactly ``dist_name==version`` in ``folder`` (one per Python version): the
+    plain ones, or with ``label`` the variant wheels of that label."""
     found = []
     for wheel in sorted(folder.glob("*.whl")):
-        name, wheel_version, _, _ = parse_wheel_filename(wheel.name)
-        if name.replace("-", "_") == dist_name and str(wheel_version) == version:
+        name, wheel_version, _, _ = parse_wheel_name(wheel.name)
+        same = name.replace("-", "_") == dist_name and str(wheel_version) == version
+        if same and split_variant(wheel.name)[1] == label:
             found.append(wheel)
     return found
 
@@ -178,7 +179,7 @@ def _the_wheel(step: BuildDescription, dist: Path, log_file: Path) -> Path:
         raise RocwheelsError(
             f"{step.name}: the build produced {len(wheels)} wheels in {dist}, expected one", fix=f"see {log_file}"
         )
-    version = str(parse_wheel_filename(wheels[0].name)[1])
+    version = str(parse_wheel_name(wheels[0].name)[1])
     if version != step.wheel_version:
         raise RocwheelsError(
             f"{step.name}: built version {version}, the lock expects {step.wheel_version}",
