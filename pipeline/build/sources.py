@@ -64,11 +64,12 @@ def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: P
             logger=logger,
         )
     root = dest / source.subdir if source.subdir else dest
-    if not root.is_dir():
+    # The recipe's subdir is a plain relative path; a link inside the source must not lead out either.
+    if not root.is_dir() or not root.resolve().is_relative_to(dest.resolve()):
         raise ConfigError(
             recipe_path(recipes_dir, recipe.name),
             f"versions.{recipe.version}.source.subdir",
-            f"{source.subdir!r} is not a folder of the source",
+            f"{source.subdir!r} is not a folder inside the source",
         )
     return root
 

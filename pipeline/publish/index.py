@@ -24,7 +24,7 @@ from packaging.version import Version
 from pipeline.config.layout import Layout
 from pipeline.errors import RocwheelsError
 from pipeline.util.files import atomic_write, file_sha256
-from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, wheelhouse_lock
+from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, generation_prefix, wheelhouse_lock
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.wheel.archive import check_wheel, parse_wheel_name, split_variant
 from pipeline.wheel.variant import merge_variants_json, variants_json_name
@@ -129,7 +129,7 @@ def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
         )
     # The pages link each release's variants.json: it is written first, from the wheels listed.
     write_variants_json(w for wheels in lines.values() for w in wheels)
-    generation = Path(tempfile.mkdtemp(prefix=GENERATION_PREFIX, dir=wheelhouse))
+    generation = Path(tempfile.mkdtemp(prefix=generation_prefix(), dir=wheelhouse))
     pending_link = wheelhouse / f"{generation.name}.link"
     try:
         for label, wheels in lines.items():

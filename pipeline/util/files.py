@@ -11,21 +11,28 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
-# The temporary name's suffix: the wheelhouse lock removes ``.*.partial`` files a killed run left.
+# The temporary name's suffix, and the mark of the run that writes it: the wheelhouse lock removes
+# ``.*.rocwheels-<pid>-*.partial`` files a killed run left, never another ``.partial`` file.
 PARTIAL_SUFFIX = ".partial"
+RUN_MARK = "rocwheels"
+
+
+def run_mark() -> str:
+    """What every temporary name this process writes carries: ``rocwheels-<pid>``."""
+    return f"{RUN_MARK}-{os.getpid()}"
 
 
 @contextmanager
 def atomic_write(target: Path, *, mode: int | None = None, sync: bool = False) -> Iterator[io.BufferedRandom]:
     """A file to write ``target``'s new bytes into, renamed over ``target`` when the block ends.
 
-    The file is ``.<name>.XXXX.partial`` in ``target``'s folder (a rename within one file system is
+    The file is ``.<name>.rocwheels-<pid>-XXXX.partial`` in ``target``'s folder (a rename within one file system is
     atomic; the dot hides it from index listings). An exception, or an interruption, in the block
     removes it and leaves ``target`` as it was. ``mode`` is set before the first byte is written
     (None: as a new file gets it, 0o666 less the umask); ``sync`` flushes the bytes to disk before
     the rename, for a file too costly to lose to a crash right after.
     """
-    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX)
+    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{run_mark()}-", suffix=PARTIAL_SUFFIX)
     temp = Path(name)
     try:
         os.fchmod(handle, mode if mode is not None else 0o666 & ~_umask())
