@@ -314,6 +314,22 @@ CASES = (
         replace_in("alpha.toml", 'path = "."', 'path = "nowhere"'),
     ),
     Case(
+        "recipe-subdir-escapes",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "subdir", "'../outside'", "no '..'"),
+        replace_in("alpha.toml", 'path = "."', 'path = "."\nsubdir = "../outside"'),
+    ),
+    Case(
+        "recipe-path-absolute",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "path", "'/etc'", "plain name"),
+        replace_in("alpha.toml", 'path = "."', 'path = "/etc"'),
+    ),
+    Case(
         "recipe-unknown-dependency",
         "recipe",
         PLAN,
@@ -391,6 +407,15 @@ CASES = (
         2,
         ("lines.rocm9.9.versions.gamma", "no recipe of that name"),
         replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"'),
+    ),
+    Case(
+        "lock-line-name-escapes",
+        "lock",
+        ("lock", "check"),
+        2,
+        ("lock.toml", "lines", "'../evil'", "plain name"),
+        lambda p: (p.recipes / "lock.toml").write_text(LOCK + LOCK.split("\n", 1)[1].replace('"rocm9.9"', '"../evil"')),
+        no_file("evil.txt"),
     ),
     Case(
         "lock-pins-unknown-version",
