@@ -126,12 +126,23 @@ def _unpack(archive: Path, dest: Path) -> None:
     """Unpack an sdist; a single top-level folder (the usual ``name-version/``) becomes ``dest``."""
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".unpack-"))
     try:
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as zipped:
-                zipped.extractall(staging)
-        else:
-            with tarfile.open(archive) as tarred:
-                tarred.extractall(staging, filter="data")
+        try:
+            if zipfile.is_zipfile(archive):
+                with zipfile.ZipFile(archive) as zipped:
+                    zipped.extractall(staging)
+            else:
+                with tarfile.open(archive) as tarred:
+                    tarred.extractall(staging, filter="data")
+        except tarfile.FilterError as exc:  # a member or link that leads out of the folder, a device file
+            raise RocwheelsError(
+                f"{archive}: unsafe member: {exc}; nothing of it was built",
+                fix="do not build from this archive; check that the recipe's url and sha256 name the project's real release",
+            ) from None
+        except (tarfile.TarError, zipfile.BadZipFile) as exc:
+            raise RocwheelsError(
+                f"{archive}: not a readable source archive ({exc})",
+                fix="check the recipe's url: it must name a .tar.gz, .tar.bz2, .tar.xz or .zip source archive",
+            ) from None
         entries = list(staging.iterdir())
         top = entries[0] if len(entries) == 1 and entries[0].is_dir() else staging
         shutil.move(top, dest)

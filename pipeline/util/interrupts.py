@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.errors import Interrupted
+from pipeline.util.files import raise_write_error
 
 log = logging.getLogger("rocwheels")
 
@@ -102,8 +103,16 @@ def interruptible() -> Iterator[Path]:
     parent = Path(tempfile.gettempdir())
     with contextlib.suppress(OSError):  # an unreadable TMPDIR is reported by mkdtemp just below
         remove_dead_runs(parent)
-    private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
-    owner = _claim(private)
+    try:
+        private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=parent))
+        try:
+            owner = _claim(private)
+        except BaseException:
+            shutil.rmtree(private, ignore_errors=True)
+            raise
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        raise_write_error(exc, parent / f"{PRIVATE_PREFIX}*")
     saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
     # Children inherit TMPDIR from the environment; this process's tempfile reads tempfile.tempdir.
     os.environ["TMPDIR"] = tempfile.tempdir = str(private)

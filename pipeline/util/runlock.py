@@ -22,7 +22,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from pipeline.errors import RocwheelsError
-from pipeline.util.files import PARTIAL_SUFFIX, RUN_MARK, run_mark
+from pipeline.util.files import PARTIAL_SUFFIX, RUN_MARK, raise_write_error, run_mark
 
 log = logging.getLogger("rocwheels")
 
@@ -52,21 +52,30 @@ def _written_by_a_live_run(pid: int) -> bool:
 
 
 @contextmanager
-def wheelhouse_lock(wheelhouse: Path) -> Iterator[None]:
-    """Hold ``wheelhouse``'s lock; wait, with a message, while another run holds it."""
+def wheelhouse_lock(
+    wheelhouse: Path, *, what: str = "wheelhouse", option: str = "--wheelhouse or ROCWHEELS_WHEELHOUSE"
+) -> Iterator[None]:
+    """Hold ``wheelhouse``'s lock; wait, with a message, while another run holds it.
+
+    Also taken on the work folder by the commands that build (``what``/``option`` name it in
+    messages): two runs with one work folder would empty each other's build folders.
+    """
     try:
         wheelhouse.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RocwheelsError(
-            f"cannot create the wheelhouse {wheelhouse}: {exc.strerror}",
-            fix="choose a writable folder (--wheelhouse or ROCWHEELS_WHEELHOUSE)",
+            f"cannot create the {what} {wheelhouse}: {exc.strerror}",
+            fix=f"choose a writable folder ({option})",
         ) from None
     lock = FileLock(wheelhouse / LOCK_NAME)
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.warning("waiting for another rocwheels run using %s to finish (lock: %s)", wheelhouse, lock.lock_file)
-        lock.acquire()
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            log.warning("waiting for another rocwheels run using %s to finish (lock: %s)", wheelhouse, lock.lock_file)
+            lock.acquire()
+    except OSError as exc:  # a read-only or full folder
+        raise_write_error(exc, wheelhouse / LOCK_NAME)
     try:
         remove_leftovers(wheelhouse)
         yield
