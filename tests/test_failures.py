@@ -153,6 +153,41 @@ def raw(members: dict[str, bytes], name: str = CANARY) -> Callable[[Project], No
     return lambda p: _raw_zip(p.wheelhouse / name, members)
 
 
+def recorded(
+    members: dict[str, bytes],
+    rows: dict[str, str] | None = None,
+    *,
+    version: str = "1.0+rocm9.9",
+    metadata: bytes | None = None,
+) -> dict[str, bytes]:
+    """``members`` of alpha 1.0+rocm9.9 with WHEEL, METADATA (``version``) and a RECORD of sha256
+    hashes, a member's "hash,size" replaced by ``rows``'s where given."""
+    import base64
+    import hashlib
+
+    info = "alpha-1.0+rocm9.9.dist-info"
+    members = {
+        **members,
+        f"{info}/WHEEL": b"Tag: py3-none-any\n",
+        f"{info}/METADATA": metadata or f"Name: alpha\nVersion: {version}\n".encode(),
+    }
+    lines = []
+    for name, data in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines.append(f"{name},{(rows or {}).get(name, f'sha256={digest},{len(data)}')}")
+    return {**members, f"{info}/RECORD": ("\n".join([*lines, f"{info}/RECORD,,"]) + "\n").encode()}
+
+
+def deflated(members: dict[str, bytes]) -> Callable[[Project], None]:
+    def setup(p: Project) -> None:
+        p.wheelhouse.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(p.wheelhouse / CANARY, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, data in members.items():
+                archive.writestr(name, data)
+
+    return setup
+
+
 def text_file(name: str = CANARY) -> Callable[[Project], None]:
     def setup(p: Project) -> None:
         p.wheelhouse.mkdir(parents=True, exist_ok=True)
@@ -584,6 +619,13 @@ CASES = (
         2,
         ("unknown GPU target 'gfx9999'", "gfx942"),
     ),
+    Case(
+        "arch-contradictory-features",
+        "arch",
+        ("plan", "--arch", "gfx90a:xnack+:xnack-", "--rocm", "rocm9.9"),
+        2,
+        ("gfx90a:xnack+:xnack-", "sets xnack more than once"),
+    ),
     Case("arch-empty", "arch", ("plan", "--arch", "", "--rocm", "rocm9.9"), 2, ("no GPU target given", "ARCH=gfx942")),
     Case("arch-only-separators", "arch", ("plan", "--arch", ";,", "--rocm", "rocm9.9"), 2, ("no GPU target given",)),
     Case("arch-missing", "arch", ("plan", "--rocm", "rocm9.9"), 2, ("Missing option '--arch'",)),
@@ -699,14 +741,75 @@ CASES = (
         VERIFY,
         1,
         ("RECORD hash for alpha/__init__.py uses 'md5'",),
-        raw(
-            {
-                "alpha/__init__.py": b"",
-                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
-                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n",
-                "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/__init__.py,md5=x,0\nalpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n",
-            }
-        ),
+        raw(recorded({"alpha/__init__.py": b""}, {"alpha/__init__.py": "md5=x,0"})),
+    ),
+    Case(
+        "wheel-empty-record-hash",
+        "wheel",
+        VERIFY,
+        1,
+        ("RECORD has no hash for alpha/__init__.py",),
+        raw(recorded({"alpha/__init__.py": b"BUILD = 'changed'\n"}, {"alpha/__init__.py": ","})),
+    ),
+    Case(
+        "wheel-metadata-version-differs",
+        "wheel",
+        VERIFY,
+        1,
+        ("METADATA says alpha 2.0", "1.0+rocm9.9"),
+        raw(recorded({"alpha/__init__.py": b""}, version="2.0")),
+    ),
+    Case(
+        "wheel-names-differ-in-case",
+        "wheel",
+        VERIFY,
+        1,
+        ("alpha/Mod.py and alpha/mod.py differ only in case",),
+        raw(recorded({"alpha/mod.py": b"", "alpha/Mod.py": b""})),
+    ),
+    Case(
+        "wheel-file-is-also-a-folder",
+        "wheel",
+        VERIFY,
+        1,
+        ("alpha/data is both a file and the folder of other members",),
+        raw(recorded({"alpha/data": b"", "alpha/data/x.py": b""})),
+    ),
+    Case(
+        "wheel-member-name-too-long",
+        "wheel",
+        VERIFY,
+        1,
+        ("has a name longer than file systems allow",),
+        raw(recorded({"alpha/" + "x" * 300 + ".py": b""})),
+    ),
+    Case(
+        "wheel-zip-bomb",
+        "wheel",
+        VERIFY,
+        1,
+        ("alpha/zeros.bin inflates", "zip bomb", "ROCWHEELS_MAX_RATIO"),
+        deflated(recorded({"alpha/zeros.bin": bytes(8 << 20)})),
+    ),
+    Case(
+        "wheel-past-size-bound",
+        "wheel",
+        VERIFY,
+        1,
+        ("more than the bound of 1048576", "ROCWHEELS_MAX_UNPACKED"),
+        raw(recorded({"alpha/data.bin": os.urandom(2 << 20)})),
+        None,
+        (("ROCWHEELS_MAX_UNPACKED", "1M"),),
+    ),
+    Case(
+        "wheel-size-bound-not-a-number",
+        "wheel",
+        VERIFY,
+        2,
+        ("ROCWHEELS_MAX_UNPACKED='lots'",),
+        lambda p: p.wheel(),
+        None,
+        (("ROCWHEELS_MAX_UNPACKED", "lots"),),
     ),
     Case(
         "wheel-metadata-name-missing",
@@ -714,13 +817,7 @@ CASES = (
         VERIFY,
         1,
         ("METADATA Name missing",),
-        raw(
-            {
-                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
-                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Version: 1.0\n",
-                "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n",
-            }
-        ),
+        raw(recorded({}, metadata=b"Version: 1.0\n")),
     ),
     Case("wheel-changed-after-verify", "wheel", VERIFY, 1, ("differs from the provenance record",), with_record),
     Case(
