@@ -166,7 +166,7 @@ def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalys
                 elf = read_elf(extracted, with_fatbin=False)
                 versions = symbol_versions(extracted)
             except ElfError as exc:  # named by its member, not by the scratch copy
-                raise RocwheelsError(
+                raise ElfError(
                     f"{path}: {name}: {exc.message.removeprefix(f'{extracted}: ')}",
                     fix="do not install or publish this wheel: the loader would crash on it; rebuild it",
                 ) from None

@@ -107,9 +107,10 @@ def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
     )
 
 
-# Tags of the dynamic section: those the ELF standard and GNU define (pyelftools names them), and
-# the ranges left to operating systems and processors. Anything else is not a dynamic section.
-_OS_AND_PROCESSOR_TAGS = range(0x6000000D, 0x80000000)
+# Tags of the dynamic section: the generic ones (the standard defines up to 0x25 so far; newer
+# ones pyelftools may not name yet, such as DT_RELR, stay welcome) and the ranges left to
+# operating systems and processors. Anything else is not a dynamic section.
+_KNOWN_TAG_RANGES = (range(0, 0x1000), range(0x6000000D, 0x80000000))
 _STRING_TAGS = ("DT_NEEDED", "DT_SONAME", "DT_RPATH", "DT_RUNPATH")
 
 
@@ -127,7 +128,7 @@ def _check_dynamic(elf: ELFFile, section: DynamicSection, file_size: int) -> Non
     _within_file(strings, file_size)
     for index, tag in enumerate(section.iter_tags()):
         kind = tag.entry.d_tag
-        if isinstance(kind, int) and kind not in _OS_AND_PROCESSOR_TAGS:
+        if isinstance(kind, int) and not any(kind in tags for tags in _KNOWN_TAG_RANGES):
             raise ValueError(f"dynamic section: entry {index} has the unknown tag 0x{kind:x}")
         if kind in _STRING_TAGS and tag.entry.d_val >= strings["sh_size"]:
             raise ValueError(f"dynamic section: entry {index} ({kind}) names a string past the end of its table")
