@@ -90,7 +90,9 @@ def remove_leftovers(wheelhouse: Path) -> list[Path]:
     """Remove the temporary names of interrupted runs (call only while holding the lock)."""
     link = wheelhouse / INDEX_LINK
     current = link.resolve() if link.is_symlink() else None
-    removed = []
+    removed: list[Path] = []
+    if not wheelhouse.is_dir():  # removed by the user meanwhile: nothing of ours is left there
+        return removed
     for path in wheelhouse.iterdir():
         ours = _OUR_PARTIAL.match(path.name) or _OUR_GENERATION.match(path.name)
         if not ours or _written_by_a_live_run(int(ours["pid"])):

@@ -79,6 +79,7 @@ def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
+    _check_header_tables(elf, file_size)
     for section in elf.iter_sections():
         if isinstance(section, GNUVerNeedSection | GNUVerDefSection):
             _check_versions(section, file_size)
@@ -132,6 +133,23 @@ def _check_dynamic(elf: ELFFile, section: DynamicSection, file_size: int) -> Non
             raise ValueError(f"dynamic section: entry {index} has the unknown tag 0x{kind:x}")
         if kind in _STRING_TAGS and tag.entry.d_val >= strings["sh_size"]:
             raise ValueError(f"dynamic section: entry {index} ({kind}) names a string past the end of its table")
+
+
+def _check_header_tables(elf: ELFFile, file_size: int) -> None:
+    """The program and section header tables lie inside the file with entries of the standard size
+    (auditwheel and the loader read them all; pyelftools would read garbage past the end)."""
+    wide = elf.elfclass == 64
+    for table, offset, count, size, standard in (
+        ("program header", "e_phoff", "e_phnum", "e_phentsize", 56 if wide else 32),
+        ("section header", "e_shoff", "e_shnum", "e_shentsize", 64 if wide else 40),
+    ):
+        if not elf[count]:
+            continue
+        if elf[size] != standard:
+            raise ValueError(f"{table} entries of {elf[size]} bytes, not {standard}")
+        end = elf[offset] + elf[count] * elf[size]
+        if end > file_size:
+            raise ValueError(f"the {table} table ends at 0x{end:x}, past the end of the file (0x{file_size:x} bytes)")
 
 
 def _check_versions(section: Any, file_size: int) -> None:
