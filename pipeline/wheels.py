@@ -26,9 +26,9 @@ from pipeline.errors import CommandError, RocwheelsError
 from pipeline.plan import Plan
 from pipeline.repair.pins import pin_wheel
 from pipeline.repair.repair import repair_wheel
+from pipeline.util.files import atomic_write
 from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
-from pipeline.util.files import atomic_write
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
 from pipeline.verify.verify import format_report, variant_findings, verify_wheel
 from pipeline.wheel.archive import parse_wheel_name

@@ -21,7 +21,6 @@ from functools import cache
 from pathlib import Path
 
 from pipeline.config.toolchain import rocm_lib_dir
-from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
 from pipeline.wheel.archive import WheelInfo, check_wheel, extract, open_wheel
 from pipeline.wheel.elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
