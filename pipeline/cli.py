@@ -214,7 +214,7 @@ def build_command(
             click.echo(f"{built.recipe}: {'repaired' if built.repaired else 'raw'} wheel {built.path}")
 
 
-def _work_dir_lock(layout: Layout):
+def _work_dir_lock(layout: Layout) -> contextlib.AbstractContextManager[object]:
     """One building run per work folder: the second waits (its build folders are emptied per recipe)."""
     if layout.work_dir == layout.wheelhouse:  # one folder, one lock (taken for the wheelhouse)
         return contextlib.nullcontext()
