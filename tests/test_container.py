@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from cibuildwheel.options import CommandLineArguments, compute_options
-from conftest import REPO, canary_plan
 from packaging.utils import parse_wheel_filename
 
 from pipeline.build.container import (
@@ -43,6 +42,8 @@ from pipeline.plan import Plan, Step, make_plan
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import Kind, analyze_wheel
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.recipes import canary_plan
 
 RECIPES = REPO / "recipes"
 ARCH = ("gfx942", "gfx90a")

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from pipeline.build.engine import Engine
 from pipeline.config.lock import load_lock
@@ -20,6 +19,7 @@ from pipeline.doctor import (
     render_nodes_check,
     run_doctor,
 )
+from tests.helpers import REPO
 
 # One rocminfo agent section per device, trimmed to the lines the doctor reads.
 ROCMINFO = """\

@@ -16,75 +16,19 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import _raw_zip, _wheel_archive, _write_wheel, recipe_toml
 
 from pipeline.cli import main
 from pipeline.verify.provenance import record_path
+from tests.helpers import REPO
+from tests.helpers.project import Project, small_project
+from tests.helpers.wheels import wheel_archive, write_raw_zip, write_wheel
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "failure-modes.md"
-DIGEST = "@sha256:" + "0" * 64
-LOCK = f"""default_line = "rocm9.9"
-[lines."rocm9.9"]
-rocm = "9.9.0"
-builder_image = "registry.example/rocm/dev{DIGEST}"
-image_source = "https://example.org/digests"
-python = ["3.11"]
-targets = ["gfx90a", "gfx942"]
-[lines."rocm9.9".versions]
-alpha = "1.0"
-beta = "1.0"
-"""
 CANARY = "alpha-1.0+rocm9.9-py3-none-any.whl"
-
-
-@dataclass
-class Project:
-    root: Path
-    keep: list = field(default_factory=list)  # sockets and the like held open during the run
-
-    @property
-    def recipes(self) -> Path:
-        return self.root / "recipes"
-
-    @property
-    def wheelhouse(self) -> Path:
-        return self.root / "wheelhouse"
-
-    @property
-    def work(self) -> Path:
-        return self.root / "build"
-
-    @property
-    def cache(self) -> Path:
-        return self.root / "cache"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
-    def recipe(self, name: str, text: str | bytes) -> Path:
-        path = self.recipes / f"{name}.toml"
-        path.write_bytes(text if isinstance(text, bytes) else text.encode())
-        return path
-
-    def wheel(self, version: str = "1.0+rocm9.9", name: str = "alpha", build: str = "ours") -> Path:
-        return _write_wheel(self.wheelhouse, name, version, build=build)
-
-
-def _project(root: Path) -> Project:
-    project = Project(root)
-    project.recipes.mkdir(parents=True)
-    project.recipe("alpha", recipe_toml("alpha", "1.0"))
-    project.recipe("beta", recipe_toml("beta", "1.0", depends_on=("alpha",)))
-    (project.recipes / "lock.toml").write_text(LOCK)
-    project.tmp.mkdir()
-    project.cache.mkdir()
-    return project
 
 
 # --- setups: each puts one mistake into a valid project ---
@@ -123,7 +67,7 @@ def with_record(p: Project) -> Path:
 
     wheel = p.wheel()
     write_record(wheel, "f" * 64, {}, {"driver": "local"})
-    other = _write_wheel(p.root / "other", "alpha", "1.0+rocm9.9", build="swapped")
+    other = write_wheel(p.root / "other", "alpha", "1.0+rocm9.9", build="swapped")
     other.replace(wheel)
     return wheel
 
@@ -132,7 +76,7 @@ def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Ca
     """A wheel of exactly these members (plus correct metadata), one of them stored as a symlink."""
 
     def setup(p: Project) -> None:
-        wheel = _wheel_archive(p.wheelhouse / CANARY, "alpha", "1.0+rocm9.9", "py3-none-any", True, members)
+        wheel = wheel_archive(p.wheelhouse / CANARY, "alpha", "1.0+rocm9.9", "py3-none-any", True, members)
         if symlink:
             rewritten = p.root / "link.whl"
             with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(rewritten, "w") as out:
@@ -146,7 +90,7 @@ def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Ca
 
 
 def raw(members: dict[str, bytes], name: str = CANARY) -> Callable[[Project], None]:
-    return lambda p: _raw_zip(p.wheelhouse / name, members)
+    return lambda p: write_raw_zip(p.wheelhouse / name, members)
 
 
 def text_file(name: str = CANARY) -> Callable[[Project], None]:
@@ -786,7 +730,7 @@ def leftovers(project: Project) -> list[str]:
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    project = _project(tmp_path)
+    project = small_project(tmp_path)
     monkeypatch.setenv("TMPDIR", str(project.tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     monkeypatch.setenv("ROCWHEELS_CACHE", str(project.cache))

@@ -12,7 +12,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from torch_line import (
+
+from pipeline.config.lock import load_lock
+from pipeline.config.recipes import load_recipes
+from pipeline.repair.pins import exact_requirements
+from pipeline.util.cmd import run
+from tests.helpers.torch_line import (
     LINE,
     RECIPES,
     TORCH,
@@ -24,11 +29,6 @@ from torch_line import (
     published,
     torch_wheel_dir,
 )
-
-from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.repair.pins import exact_requirements
-from pipeline.util.cmd import run
 
 SHIPPED = Path(__file__).parents[1] / "recipes"
 BACKEND = {"FLASH_ATTENTION_TRITON_AMD_ENABLE": "TRUE"}

@@ -19,14 +19,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import _platform_wheel, _write_wheel
-from hip_wheels import EXT, Built
-from test_failures import _project
 
 from pipeline.util.cmd import run
 from pipeline.util.interrupts import PRIVATE_PREFIX
+from tests.helpers import REPO
+from tests.helpers.hip_wheels import EXT, Built
+from tests.helpers.project import small_project
+from tests.helpers.waiting import wait_for
+from tests.helpers.wheels import write_platform_wheel, write_wheel
 
-REPO = Path(__file__).resolve().parents[1]
 SIGNALS = pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 
 
@@ -108,18 +109,9 @@ def leftovers(tmp: Path) -> list[str]:
             found += [
                 str(p)
                 for p in folder.rglob("*")
-                if p.name.endswith(".partial")
-                or (p.name.startswith(".simple-") and not (folder / "simple").resolve() == p)
+                if p.name.endswith(".partial") or (p.name.startswith(".simple-") and (folder / "simple").resolve() != p)
             ]
     return found
-
-
-def wait_for(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"never happened: {what}")
-        time.sleep(0.02)
 
 
 @SIGNALS
@@ -139,7 +131,7 @@ def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
             **os.environ,
             "TMPDIR": str(tmp_path / "tmp"),
             "ROCWHEELS_CACHE": str(tmp_path / "cache"),
-            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            "PYTHONPATH": str(REPO),
         }
         (tmp_path / "tmp").mkdir()
         process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
@@ -153,7 +145,7 @@ def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
 @SIGNALS
 def test_upload_interrupted_then_published(tmp_path: Path, stop: signal.Signals) -> None:
     """A signal while twine's upload waits for the index: twine stops too, TMPDIR is clean, a rerun works."""
-    _write_wheel(tmp_path / "wheelhouse", "alpha", "1.0+rocm9.9")
+    write_wheel(tmp_path / "wheelhouse", "alpha", "1.0+rocm9.9")
     with stalling_server() as (url, started):
         process = start(
             ["--wheelhouse", "wheelhouse", "publish", "--attempts", "1", "--repository", url],
@@ -186,7 +178,7 @@ def test_index_build_interrupted_then_rebuilt(tmp_path: Path, stop: signal.Signa
     """Signals at several points of an index build: the old index or none, never a half one; a rerun succeeds."""
     wheelhouse = tmp_path / "wheelhouse"
     for number in range(40):
-        _write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
+        write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
     process = start(["--wheelhouse", "wheelhouse", "--recipes-dir", "none", "index", "build"], tmp_path)
     wait_for(lambda: process.poll() is not None or INDEX_POINTS[point](tmp_path), point)
     if process.poll() is None:
@@ -216,10 +208,10 @@ def test_verify_interrupted_in_the_smoke_test_then_verified(tmp_path: Path, stop
     into it: the venv and the private TMPDIR go, the wheelhouse keeps only the wheel, and the same
     verify then passes. pip is held at the install by an index that never finishes answering for
     the wheel's dependency."""
-    project = _project(tmp_path)
-    wheel = _write_wheel(project.wheelhouse, "alpha", "1.0+rocm9.9", requires=("beta",))
+    project = small_project(tmp_path)
+    wheel = write_wheel(project.wheelhouse, "alpha", "1.0+rocm9.9", requires=("beta",))
     links = tmp_path / "links"
-    _write_wheel(links, "beta", "1.0+rocm9.9")
+    write_wheel(links, "beta", "1.0+rocm9.9")
     verify = ["--recipes-dir", "recipes", "--wheelhouse", "wheelhouse", "--work-dir", "build", "verify", str(wheel)]
     # Only this test's indexes: not the machine's pip configuration.
     pip_env = {"PIP_CONFIG_FILE": os.devnull}
@@ -261,7 +253,7 @@ def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:
         "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n"
     )
     (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (tmp_path / "log").exists(), "the child starts")
     status, err = stop_and_wait(process, signal.SIGTERM)
@@ -274,7 +266,7 @@ def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:
 def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     """Leftovers of a run killed with SIGKILL (no cleanup possible) are removed by the next run."""
     wheelhouse = tmp_path / "wheelhouse"
-    _write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
+    write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
     (wheelhouse / ".alpha-1.0+rocm9.9-py3-none-any.whl.partial").write_bytes(b"half")
     (wheelhouse / ".simple-dead").mkdir()
     result = run(
@@ -309,7 +301,7 @@ REPAIR_POINTS = {
 @pytest.mark.parametrize("point", list(REPAIR_POINTS))
 def test_repair_interrupted_then_repaired(tmp_path: Path, built: Built, stop: signal.Signals, point: str) -> None:
     """Signals while auditwheel works and while the result is written: TMPDIR and the output folder stay clean."""
-    raw = _platform_wheel(
+    raw = write_platform_wheel(
         tmp_path / "raw",
         "recentpkg",
         {

@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import recipe_toml
 
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.plan import build_order, default_jobs, describe, jobs_for, make_plan
+from tests.helpers.recipes import recipe_toml
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,6 +1,6 @@
 """A real torch C++ extension (tests/torch_ext) through the whole pipeline, against a real torch.
 
-Built by the local driver of the test-only line ``torch2.13-cpu`` (tests/torch_line.py), whose
+Built by the local driver of the test-only line ``torch2.13-cpu`` (tests/helpers/torch_line.py), whose
 recipe installs PyTorch's CPU wheel of torch 2.13.0 into the build environment as a build wheel;
 repaired with ``link_packages`` for torch/lib; verified (its smoke test runs the op in a fresh
 venv); published to a real pypiserver; installed by pip next to a PyPI-like index that offers a
@@ -14,7 +14,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from torch_line import (
+
+from pipeline.config.recipes import load_recipes
+from pipeline.errors import CommandError
+from pipeline.repair.pins import exact_requirements
+from pipeline.repair.policy import LinkPackage
+from pipeline.util.cmd import run
+from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
+from tests.helpers.torch_line import (
     RECIPES,
     TORCH,
     TORCH_FILE,
@@ -27,13 +34,6 @@ from torch_line import (
     simple_index,
     torch_wheel_dir,
 )
-
-from pipeline.config.recipes import load_recipes
-from pipeline.errors import CommandError
-from pipeline.repair.pins import exact_requirements
-from pipeline.repair.policy import LinkPackage
-from pipeline.util.cmd import run
-from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
 
 pytestmark = needs_torch_wheel
 

@@ -9,11 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, canary_plan
 
 from pipeline.config.layout import Layout
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.recipes import canary_plan
 
 pytestmark = pytest.mark.hipcc
 
