@@ -82,8 +82,19 @@ def stalling_server() -> Iterator[tuple[str, threading.Event]]:
         server.server_close()
 
 
-def start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``python -m pipeline ARGS`` with TMPDIR and the cache under the test's folder."""
+def _ignore_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def start(
+    args: list[str], tmp: Path, env: dict[str, str] | None = None, *, ignoring_signals: bool = False
+) -> subprocess.Popen:
+    """``python -m pipeline ARGS`` with TMPDIR and the cache under the test's folder.
+
+    ``ignoring_signals``: SIGINT and SIGTERM ignored until rocwheels sets its own policy, so those
+    landing in Python's start-up, before any code of rocwheels runs, change nothing.
+    """
     full_env = {**os.environ, "TMPDIR": str(tmp / "tmp"), "ROCWHEELS_CACHE": str(tmp / "cache"), **(env or {})}
     (tmp / "tmp").mkdir(exist_ok=True)
     return subprocess.Popen(
@@ -93,6 +104,7 @@ def start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_signals if ignoring_signals else None,
     )
 
 
@@ -287,6 +299,75 @@ def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     assert sorted(p.name for p in wheelhouse.iterdir() if p.name.startswith(".") and p.name != ".rocwheels.lock") == [
         (wheelhouse / "simple").resolve().name
     ]
+
+
+# Each signal in turn after 0, 1/N, 2/N ... of an undisturbed run's time.
+MOMENTS = 16
+
+
+def test_a_signal_at_any_moment_prints_no_traceback(tmp_path: Path) -> None:
+    """SIGINT and SIGTERM at moments spread over a whole short command: the command line's imports,
+    the command's own (each import has a weakref callback, where Python could only print the
+    Interrupted), its cleanup and the interpreter's shutdown. Never a traceback nor an "Exception
+    ignored", 128 + N whenever rocwheels took the signal, and nothing left behind.
+
+    The process starts with both signals ignored: before rocwheels's first line runs, Python's own
+    start-up (the site module) would print a KeyboardInterrupt that no program can prevent.
+    """
+    for number in range(3):
+        write_wheel(tmp_path / "wheelhouse", f"pkg{number}", "1.0+rocm9.9")
+    args = ["--wheelhouse", "wheelhouse", "--recipes-dir", "none", "index", "build"]
+    began = time.monotonic()
+    undisturbed = start(args, tmp_path)
+    assert undisturbed.wait(timeout=120) == 0, undisturbed.communicate()[1]
+    whole = time.monotonic() - began
+    taken = 0
+    for moment in range(MOMENTS):
+        stop = (signal.SIGINT, signal.SIGTERM)[moment % 2]
+        process = start(args, tmp_path, ignoring_signals=True)
+        time.sleep(whole * moment / MOMENTS)
+        status, err = stop_and_wait(process, stop)
+        where = f"{stop.name} after {whole * moment / MOMENTS:.3f} s of {whole:.3f} s: status {status}\n{err}"
+        assert "Traceback" not in err and "Exception ignored" not in err, where
+        # 0: before rocwheels's policy or after the end; -N: in the interpreter's last moments, where
+        # Python has given the signal back its default action (a shell shows 128 + N then too).
+        assert status in (0, 128 + stop, -stop), where
+        assert leftovers(tmp_path) == [], where
+        taken += status != 0
+    assert taken >= MOMENTS // 2, f"only {taken} of {MOMENTS} signals landed while rocwheels ran"
+
+
+# A signal whose Interrupted Python cannot raise: in a __del__, as in an import's weakref callback.
+_SWALLOWED = """
+import signal, sys, time
+from pipeline.errors import Interrupted
+from pipeline.util.interrupts import interruptible
+
+class SignalledWhileCollected:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+try:
+    with interruptible():
+        SignalledWhileCollected()
+        {then}
+    print("not interrupted")
+except Interrupted as exc:
+    sys.exit(exc.exit_code)
+"""
+
+
+@pytest.mark.parametrize("then", ["time.sleep(30)", "pass"], ids=["then-waits", "then-ends"])
+def test_a_signal_python_cannot_raise_is_raised_again(tmp_path: Path, then: str) -> None:
+    """Python prints an exception raised in a __del__ or a weakref callback as "Exception ignored"
+    and goes on: the Interrupted of a signal landing there still ends the command, quietly, whether
+    the body then waits (interrupted a moment later) or ends (interrupted at its end)."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(REPO)}
+    script = _SWALLOWED.format(then=then)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "")
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 REPAIR_POINTS = {
