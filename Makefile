@@ -1,6 +1,8 @@
 # rocwheels: every target creates/uses the project venv itself.
 #   make demo                        canary: build -> repair -> verify -> publish -> install
-#   make test                        the test suite (installs hipcc/podman when missing, as root)
+#   make check                       the quick tests, under 3 min: none that needs hipcc, a container engine,
+#                                    a loopback server or a package registry, none marked slow
+#   make test                        the whole test suite (installs hipcc/podman when missing, as root)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
 #   make ci-matrix FORMAT=github OUTPUT="$$GITHUB_OUTPUT"   the CI jobs (.github/workflows/wheels.yml, .gitlab-ci.yml)
@@ -25,7 +27,7 @@ export HIP_PLATFORM := amd
 # compiler cache tests, musl-gcc for the loader tests, and unzip to check ZIP64 archives.
 SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip
 
-.PHONY: venv system-deps test wheels ci-matrix publish demo bench lock-check clean
+.PHONY: venv system-deps check test wheels ci-matrix publish demo bench lock-check clean
 
 $(BIN)/rocwheels: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +43,10 @@ system-deps:
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# The markers are pyproject.toml's; tests/conftest.py also marks every test by the fixtures it uses.
+check: venv
+	$(BIN)/python -m pytest -q -m 'not hipcc and not container and not network and not slow'
 
 test: venv system-deps
 	$(BIN)/python -m pytest -q

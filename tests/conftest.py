@@ -33,6 +33,18 @@ from tests.helpers.wheels import write_platform_wheel, write_raw_zip, write_whee
 # Session fixtures that build real HIP wheels (built, hip_extensions, ld_library_path, repaired).
 pytest_plugins = ("tests.helpers.hip_wheels",)
 
+# The fixtures that give a test what `make check` leaves out (pyproject.toml has the markers): a
+# test using one, directly or through another fixture, carries its marker without saying so.
+MARKER_OF_FIXTURE = {"hipcc": "hipcc", "podman_engine": "container", "static_server": "network"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in MARKER_OF_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
 
 @pytest.fixture(scope="session")
 def hipcc() -> str:

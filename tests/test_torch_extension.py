@@ -35,7 +35,8 @@ from tests.helpers.torch_line import (
     torch_wheel_dir,
 )
 
-pytestmark = needs_torch_wheel
+# Every test uses the line's build, which downloads its build requirements from PyPI.
+pytestmark = [needs_torch_wheel, pytest.mark.network]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,6 @@ def test_torch_libraries_resolve_in_the_installed_layout(built, tmp_path):
         assert "site-packages/torch_ext/../torch/lib/" in line, line
 
 
-@pytest.mark.network
 def test_published_extension_installs_with_its_torch_over_a_higher_one_and_runs(
     built, index, torch_deps, make_wheel, tmp_path
 ):
@@ -119,7 +119,6 @@ def test_published_extension_installs_with_its_torch_over_a_higher_one_and_runs(
     assert result.output.strip().splitlines()[-1] == "[2.0, 42.0]"
 
 
-@pytest.mark.network
 def test_the_pin_refuses_another_torch(built, index, torch_deps, make_wheel, tmp_path):
     """A venv holding another torch: pip will not pair the extension with it (an ABI mismatch at import)."""
     other = make_wheel(tmp_path / "dist", "torch", "2.15.0", build="pypi")
