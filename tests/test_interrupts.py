@@ -337,7 +337,8 @@ def test_a_signal_at_any_moment_prints_no_traceback(tmp_path: Path) -> None:
         assert status in (0, 128 + stop, -stop), where
         assert leftovers(tmp_path) == [], where
         taken += status != 0
-    assert taken >= MOMENTS // 2, f"only {taken} of {MOMENTS} signals landed while rocwheels ran"
+    # Most land while rocwheels runs; fewer than a quarter would mean its policy was barely tried.
+    assert taken >= MOMENTS // 4, f"only {taken} of {MOMENTS} signals landed while rocwheels ran"
 
 
 # A signal whose Interrupted Python cannot raise: in a __del__, as in an import's weakref callback.
