@@ -1,7 +1,9 @@
 # rocwheels: every target creates/uses the project venv itself.
 #   make demo                        canary: build -> repair -> verify -> publish -> install, in build/demo/
 #   make lint                        ruff (lint, format) and mypy on pipeline/; make test runs it first
-#   make test                        the test suite (installs hipcc/podman when missing, as root)
+#   make check                       the quick tests, under 3 min: none that needs hipcc, a container engine,
+#                                    a loopback server or a package registry, none marked slow
+#   make test                        the whole test suite (installs hipcc/podman when missing, as root)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
 #   make ci-matrix FORMAT=github OUTPUT="$$GITHUB_OUTPUT"   the CI jobs (.github/workflows/wheels.yml, .gitlab-ci.yml)
@@ -29,7 +31,7 @@ SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis
 
 FORCE:
 
-.PHONY: FORCE venv system-deps lint test wheels ci-matrix publish demo bench lock-check clean
+.PHONY: FORCE venv system-deps lint check test wheels ci-matrix publish demo bench lock-check clean
 
 # The venv is made again when PYTHON names another interpreter (a stamp records which one made it);
 # pyproject.toml's requires-python is the floor, said in one line before pip would say it in forty.
@@ -64,6 +66,10 @@ lint: venv
 	$(BIN)/ruff check pipeline
 	$(BIN)/ruff format --check pipeline
 	$(BIN)/mypy pipeline
+
+# The markers are pyproject.toml's; tests/conftest.py also marks every test by the fixtures it uses.
+check: lint
+	$(BIN)/python -m pytest -q -m 'not hipcc and not container and not network and not slow'
 
 test: lint system-deps
 	$(BIN)/python -m pytest -q

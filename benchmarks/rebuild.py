@@ -25,8 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # The tests' redis-server helper (on a free loopback port, nothing kept on disk).
-sys.path.insert(0, str(ROOT / "tests"))
-from redis_server import running_redis  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from tests.helpers.redis_server import running_redis  # noqa: E402
 
 ROCWHEELS = Path(sys.executable).parent / "rocwheels"
 NO_OP_SECONDS = 2.0

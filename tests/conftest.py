@@ -1,16 +1,18 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules; what they build them from is in tests/helpers/.
+
+tests/ is a package (tests/__init__.py), so pytest's default import mode puts the folder above it,
+the checkout, on sys.path and imports every test module as ``tests.<name>``: a module imports
+shared code as ``tests.helpers.<module>``, and never conftest or another test module
+(tests/test_layout.py checks it). The same works for ``pytest`` and ``python -m pytest`` from the
+checkout and for any single file or folder given to either.
+"""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
-import platform
 import shutil
-import stat
 import sys
 import threading
-import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -20,47 +22,28 @@ from pathlib import Path
 
 import pytest
 
-# Session fixtures that build real HIP wheels live in their own module.
-from hip_wheels import built, hip_extensions, ld_library_path, repaired  # noqa: F401 (fixtures)
-
 from pipeline.build.engine import Engine, detect_engine
 from pipeline.build.host import host_rocm_version
-from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock, select_line
-from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
-from pipeline.config.toolchain import HIP_ENV
-from pipeline.plan import Plan, make_plan
 from pipeline.util.cmd import run
+from tests.helpers import REPO
+from tests.helpers.hip import CANDIDATE_TARGETS, HIP_ENV, KERNEL, offload_args
+from tests.helpers.wheels import write_platform_wheel, write_raw_zip, write_wheel
 
-# Processors worth trying: a session keeps those the local hipcc compiles for (HIP 5.2 rejects
-# gfx942 and lacks device libraries for gfx1100; newer toolchains take more).
-CANDIDATE_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx942", "gfx950", "gfx1030", "gfx1100")
-KERNEL = """#include <hip/hip_runtime.h>
-__global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }
-"""
+# Session fixtures that build real HIP wheels (built, hip_extensions, ld_library_path, repaired).
+pytest_plugins = ("tests.helpers.hip_wheels",)
 
-
-def recipe_toml(
-    name: str,
-    version: str = "1.0",
-    *,
-    depends_on: tuple[str, ...] = (),
-    supported: tuple[str, ...] = ("gfx90a", "gfx942"),
-    env: dict[str, str] | None = None,
-) -> str:
-    """The text of a small valid recipe (recipes and plan tests)."""
-    env_table = "[env]\n" + "".join(f'{key} = "{value}"\n' for key, value in (env or {}).items()) if env else ""
-    return (
-        f'name = "{name}"\ndepends_on = {list(depends_on)!r}\n{env_table}'
-        f'[targets]\nenv = "PYTORCH_ROCM_ARCH"\nsupported = {list(supported)!r}\n'
-        f'[smoke]\nimports = ["{name.replace("-", "_")}"]\n'
-        f'[versions."{version}".source]\npath = "."\n'
-    ).replace("'", '"')
+# The fixtures that give a test what `make check` leaves out (pyproject.toml has the markers): a
+# test using one, directly or through another fixture, carries its marker without saying so.
+MARKER_OF_FIXTURE = {"hipcc": "hipcc", "podman_engine": "container", "static_server": "network"}
 
 
-def offload_args(targets: tuple[str, ...]) -> list[str]:
-    return [f"--offload-arch={target}" for target in targets]
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in MARKER_OF_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +72,7 @@ def hip_targets(hipcc: str, hip_kernel: Path) -> tuple[str, ...]:
 
     with ThreadPoolExecutor() as pool:
         works = list(pool.map(compiles, CANDIDATE_TARGETS))
-    targets = tuple(t for t, ok in zip(CANDIDATE_TARGETS, works) if ok)
+    targets = tuple(t for t, ok in zip(CANDIDATE_TARGETS, works, strict=True) if ok)
     if not targets:
         pytest.fail(f"hipcc compiles for none of {', '.join(CANDIDATE_TARGETS)}")
     return targets
@@ -107,67 +90,10 @@ def hip_library(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...]) -> P
 # --- wheels, fresh venvs and an isolated pip (publish and index tests) ---
 
 
-# One fixed timestamp for every archive member: the same content always gives the same sha256.
-_ZIP_DATE = (2020, 1, 1, 0, 0, 0)
-
-
-def _wheel_archive(
-    path: Path,
-    name: str,
-    version: str,
-    tag: str,
-    purelib: bool,
-    contents: dict[str, bytes],
-    requires: tuple[str, ...] = (),
-    provides_extras: tuple[str, ...] = (),
-) -> Path:
-    """Write ``contents`` plus METADATA, WHEEL and a correct RECORD as the wheel ``path``."""
-    dist_info = f"{name.replace('-', '_')}-{version}.dist-info"
-    contents = dict(contents)
-    contents[f"{dist_info}/METADATA"] = (
-        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-        + "".join(f"Provides-Extra: {e}\n" for e in provides_extras)
-        + "".join(f"Requires-Dist: {r}\n" for r in requires)
-    ).encode()
-    contents[f"{dist_info}/WHEEL"] = (
-        f"Wheel-Version: 1.0\nGenerator: rocwheels-tests\nRoot-Is-Purelib: {str(purelib).lower()}\nTag: {tag}\n"
-    ).encode()
-    record = [
-        f"{member},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
-        for member, data in contents.items()
-    ]
-    contents[f"{dist_info}/RECORD"] = ("\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n").encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for member, data in contents.items():
-            info = zipfile.ZipInfo(member, _ZIP_DATE)
-            # S_IFREG too: pip marks a file executable only when the mode says it is a regular file.
-            info.external_attr = (stat.S_IFREG | (0o755 if data.startswith((b"\x7fELF", b"#!")) else 0o644)) << 16
-            archive.writestr(info, data)
-    return path
-
-
-def _write_wheel(directory: Path, name: str, version: str, build: str = "ours", requires: tuple[str, ...] = ()) -> Path:
-    module = name.replace("-", "_")
-    return _wheel_archive(
-        directory / f"{module}-{version}-py3-none-any.whl",
-        name,
-        version,
-        "py3-none-any",
-        True,
-        {f"{module}/__init__.py": f"BUILD = {build!r}\n".encode()},
-        requires,
-    )
-
-
 @pytest.fixture
 def make_wheel() -> Callable[..., Path]:
-    """``make_wheel(dir, name, version, build="ours", requires=())`` writes a small valid pure-Python wheel.
-
-    ``build`` becomes ``<module>.BUILD``, so two files of one name and version differ and an
-    install shows which one pip took.
-    """
-    return _write_wheel
+    """``make_wheel(dir, name, version, build="ours", requires=())``: :func:`tests.helpers.wheels.write_wheel`."""
+    return write_wheel
 
 
 @pytest.fixture
@@ -220,35 +146,11 @@ def installed_build() -> Callable[[Path, str], str]:
 # --- platform wheels holding real ELF files (repair and wheelfile tests) ---
 
 
-def _platform_wheel(
-    directory: Path,
-    name: str,
-    files: Mapping[str, bytes | Path],
-    *,
-    version: str = "1.0",
-    platform_tag: str | None = None,
-) -> Path:
-    """A wheel of ``files`` (member -> content or file to copy) with WHEEL, METADATA and a correct RECORD."""
-    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    plat = platform_tag or f"linux_{platform.machine()}"
-    contents = {member: data if isinstance(data, bytes) else data.read_bytes() for member, data in files.items()}
-    return _wheel_archive(
-        directory / f"{name}-{version}-{python}-{python}-{plat}.whl",
-        name,
-        version,
-        f"{python}-{python}-{plat}",
-        False,
-        contents,
-    )
-
-
 @pytest.fixture(scope="session")
 def platform_wheel() -> Callable[..., Path]:
-    """``platform_wheel(dir, name, {member: bytes | Path}, version="1.0", platform_tag=None)``.
-
-    Writes a valid ``cpXY-cpXY-linux_<machine>`` wheel (platlib) holding those files.
-    """
-    return _platform_wheel
+    """``platform_wheel(dir, name, {member: bytes | Path}, version="1.0", platform_tag=None)``:
+    :func:`tests.helpers.wheels.write_platform_wheel`."""
+    return write_platform_wheel
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -278,25 +180,13 @@ def static_server() -> Callable[[Path], AbstractContextManager[str]]:
     return _static_server
 
 
-def _raw_zip(path: Path, members: Mapping[str, bytes]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-    return path
-
-
 @pytest.fixture(scope="session")
 def raw_zip() -> Callable[[Path, Mapping[str, bytes]], Path]:
-    """``raw_zip(path, {member: bytes})``: an archive exactly as given (no RECORD or metadata added),
-    for wheels that are broken on purpose."""
-    return _raw_zip
+    """``raw_zip(path, {member: bytes})``: :func:`tests.helpers.wheels.write_raw_zip`."""
+    return write_raw_zip
 
 
 # --- the canary recipe on this host's lock line (build and wheels tests) ---
-
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -311,19 +201,6 @@ def canary_targets(hip_targets, host_line) -> tuple[str, ...]:
     targets = tuple(t for t in hip_targets if t in host_line[1].targets)
     assert targets, f"hipcc compiles {hip_targets}, the lock line lists {host_line[1].targets}"
     return targets
-
-
-def canary_plan(layout: Layout, line, targets: tuple[str, ...], driver: str = "local") -> Plan:
-    name, lock_line = line
-    return make_plan(
-        load_recipes(layout.recipes_dir),
-        ["rocm-canary"],
-        recipes_dir=layout.recipes_dir,
-        line_name=name,
-        line=lock_line,
-        targets=parse_targets(";".join(targets)),
-        driver=driver,
-    )
 
 
 # --- real podman and the debootstrapped Debian bases (container tests) ---

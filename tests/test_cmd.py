@@ -10,11 +10,11 @@ import time
 from unittest.mock import patch
 
 import pytest
-from test_interrupts import wait_for
 
 from pipeline.errors import CommandError, Interrupted
 from pipeline.util.cmd import run
 from pipeline.util.interrupts import interruptible
+from tests.helpers.waiting import wait_for
 
 # Prints 100 numbered lines, the last one on stderr, then fails.
 NOISY = "import sys\nfor i in range(99): print(f'line {i}')\nprint('the real reason', file=sys.stderr)\nsys.exit(3)"

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, recipe_toml
 
 from pipeline.config.build_constraints import (
     _HEADER,
@@ -21,6 +20,8 @@ from pipeline.config.build_constraints import (
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.errors import ConfigError
+from tests.helpers import REPO
+from tests.helpers.recipes import recipe_toml
 
 LOCK = """default_line = "l"
 [lines.l]

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from cibuildwheel.options import CommandLineArguments, compute_options
-from conftest import REPO, canary_plan
 from packaging.utils import parse_wheel_filename
 
 from pipeline.build.container import (
@@ -38,31 +37,24 @@ from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
-from pipeline.errors import RocwheelsError
 from pipeline.description import BuildDescription
-from pipeline.plan import Plan, make_plan
+from pipeline.errors import RocwheelsError
+from pipeline.plan import make_plan
 from pipeline.repair.repair import RepairSettings
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import Kind, analyze_wheel
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.recipes import DEBIAN13_TARGETS as ARCH
+from tests.helpers.recipes import debian13_plan, line_plan
 
 RECIPES = REPO / "recipes"
-ARCH = ("gfx942", "gfx90a")
 # Where an engine must never be called: a test fails if one of these commands is run.
 NO_ENGINE = Engine("podman", ("/nonexistent/podman",))
 
 
 # Debian sid's clang 21 takes gfx950 and compresses (the lock's debian-sid line sets it).
 SID_ARCH = ("gfx942", "gfx950")
-
-
-def line_plan(layout: Layout, name: str, arch: tuple[str, ...], **line_changes: str) -> Plan:
-    line = load_lock(RECIPES).line(name).model_copy(update=line_changes)
-    return canary_plan(layout, (name, line), arch, driver="container")
-
-
-def debian13_plan(layout: Layout, **line_changes: str) -> Plan:
-    return line_plan(layout, "debian13", ARCH, **line_changes)
 
 
 @pytest.fixture

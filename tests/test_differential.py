@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from elf_builds import Elf, build
-from hip_wheels import EXT
 
 from pipeline.errors import RocwheelsError
 from pipeline.repair.repair import repair_wheel
@@ -28,6 +26,11 @@ from pipeline.util.cmd import run
 from pipeline.verify.verify import Expectations, verify_wheel
 from pipeline.wheel.archive import check_wheel
 from pipeline.wheel.elf import read_elf
+from tests.helpers.elf_builds import Elf, build
+from tests.helpers.hip_wheels import EXT
+
+# Real auditwheel and rocwheels on every package, then a venv per result: about half a minute.
+pytestmark = pytest.mark.slow
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 from packaging.utils import parse_wheel_filename
-from redis_server import running_redis
 
 from pipeline.build.container import builder_image, container_driver
 from pipeline.build.engine import Engine, _has_buildkit, detect_engine
@@ -34,6 +32,8 @@ from pipeline.plan import Plan, make_plan
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.redis_server import running_redis
 
 RECIPES = REPO / "recipes"
 DATA_ROOT = Path("/var/tmp/rocwheels-test-docker")

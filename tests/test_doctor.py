@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 
 from pipeline.build.engine import Engine
 from pipeline.config.lock import load_lock
@@ -20,6 +19,7 @@ from pipeline.doctor import (
     render_nodes_check,
     run_doctor,
 )
+from tests.helpers import REPO
 
 # One rocminfo agent section per device, trimmed to the lines the doctor reads.
 ROCMINFO = """\
@@ -69,6 +69,7 @@ def fake_rocminfo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return install
 
 
+@pytest.mark.container  # a working podman is what it reports
 def test_doctor_on_this_host(no_gpu_here: None) -> None:
     line = load_lock(REPO / "recipes").line("debian13")
     checks = by_name(run_doctor("gfx942", line, line_name="debian13"))

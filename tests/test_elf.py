@@ -10,13 +10,13 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from conftest import HIP_ENV, offload_args
 from elftools.elf.elffile import ELFFile
 
 from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import ElfError, amdgpu_processor, is_elf, read_elf
 from pipeline.wheel.offload import gpu_targets, parse_fatbin
+from tests.helpers.hip import HIP_ENV, offload_args
 
 E_FLAGS_OFFSET = 48  # in an ELF64 header
 

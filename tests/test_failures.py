@@ -20,86 +20,22 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import _platform_wheel, _raw_zip, _wheel_archive, _write_wheel, recipe_toml
 
 from pipeline.cli import main
 from pipeline.verify.provenance import record_path
+from tests.helpers import REPO
+from tests.helpers.project import LOCK, Project, escaping_tar_source, replace_in, small_project
+from tests.helpers.wheels import wheel_archive, write_platform_wheel, write_raw_zip, write_wheel
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "failure-modes.md"
-DIGEST = "@sha256:" + "0" * 64
-LOCK = f"""default_line = "rocm9.9"
-[lines."rocm9.9"]
-rocm = "9.9.0"
-builder_image = "registry.example/rocm/dev{DIGEST}"
-image_source = "https://example.org/digests"
-python = ["3.11"]
-targets = ["gfx90a", "gfx942"]
-[lines."rocm9.9".versions]
-alpha = "1.0"
-beta = "1.0"
-"""
 CANARY = "alpha-1.0+rocm9.9-py3-none-any.whl"
 
 
-@dataclass
-class Project:
-    root: Path
-    keep: list = field(default_factory=list)  # sockets and the like held open during the run
-
-    @property
-    def recipes(self) -> Path:
-        return self.root / "recipes"
-
-    @property
-    def wheelhouse(self) -> Path:
-        return self.root / "wheelhouse"
-
-    @property
-    def work(self) -> Path:
-        return self.root / "build"
-
-    @property
-    def cache(self) -> Path:
-        return self.root / "cache"
-
-    @property
-    def tmp(self) -> Path:
-        return self.root / "tmp"
-
-    def recipe(self, name: str, text: str | bytes) -> Path:
-        path = self.recipes / f"{name}.toml"
-        path.write_bytes(text if isinstance(text, bytes) else text.encode())
-        return path
-
-    def wheel(self, version: str = "1.0+rocm9.9", name: str = "alpha", build: str = "ours") -> Path:
-        return _write_wheel(self.wheelhouse, name, version, build=build)
-
-
-def _project(root: Path) -> Project:
-    project = Project(root)
-    project.recipes.mkdir(parents=True)
-    project.recipe("alpha", recipe_toml("alpha", "1.0"))
-    project.recipe("beta", recipe_toml("beta", "1.0", depends_on=("alpha",)))
-    (project.recipes / "lock.toml").write_text(LOCK)
-    project.tmp.mkdir()
-    project.cache.mkdir()
-    return project
-
-
 # --- setups: each puts one mistake into a valid project ---
-
-
-def replace_in(name: str, old: str, new: str) -> Callable[[Project], None]:
-    def setup(p: Project) -> None:
-        path = p.recipes / name
-        path.write_text(path.read_text().replace(old, new))
-
-    return setup
 
 
 def recipe_text(name: str, text: str | bytes) -> Callable[[Project], None]:
@@ -127,7 +63,7 @@ def with_record(p: Project) -> Path:
 
     wheel = p.wheel()
     write_record(wheel, "f" * 64, {}, {"driver": "local"})
-    other = _write_wheel(p.root / "other", "alpha", "1.0+rocm9.9", build="swapped")
+    other = write_wheel(p.root / "other", "alpha", "1.0+rocm9.9", build="swapped")
     other.replace(wheel)
     return wheel
 
@@ -136,7 +72,7 @@ def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Ca
     """A wheel of exactly these members (plus correct metadata), one of them stored as a symlink."""
 
     def setup(p: Project) -> None:
-        wheel = _wheel_archive(p.wheelhouse / CANARY, "alpha", "1.0+rocm9.9", "py3-none-any", True, members)
+        wheel = wheel_archive(p.wheelhouse / CANARY, "alpha", "1.0+rocm9.9", "py3-none-any", True, members)
         if symlink:
             rewritten = p.root / "link.whl"
             with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(rewritten, "w") as out:
@@ -150,7 +86,7 @@ def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Ca
 
 
 def raw(members: dict[str, bytes], name: str = CANARY) -> Callable[[Project], None]:
-    return lambda p: _raw_zip(p.wheelhouse / name, members)
+    return lambda p: write_raw_zip(p.wheelhouse / name, members)
 
 
 def recorded(
@@ -251,7 +187,7 @@ def elf_wheel(damage: Callable[[bytes], bytes] | None = None) -> Callable[[Proje
         library = p.root / "libalpha.so"
         subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
         data = library.read_bytes()
-        return _platform_wheel(
+        return write_platform_wheel(
             p.wheelhouse, "alpha", {"alpha/libalpha.so": damage(data) if damage else data}, version="1.0+rocm9.9"
         )
 
@@ -271,38 +207,6 @@ def damaged_section(name: str, offset: int, value: bytes) -> Callable[[bytes], b
     return damage
 
 
-def escaping_tar_source(p: Project) -> None:
-    """alpha's source: a local .tar.gz whose link member points out of the unpack folder; the
-    lock line is this host's ROCm release so a local build gets as far as unpacking."""
-    import hashlib
-    import tarfile
-
-    from pipeline.build.host import host_rocm_version
-
-    rocm = host_rocm_version()
-    if rocm is None:
-        pytest.skip("a local build needs a ROCm on this host")
-    archive = p.root / "alpha-1.0.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        link = tarfile.TarInfo("alpha-1.0/escape")
-        link.type, link.linkname = tarfile.SYMTYPE, "../../../../etc/passwd"
-        tar.addfile(link)
-    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    replace_in("alpha.toml", 'path = "."', f'url = "file://{archive}"\nsha256 = "{digest}"')(p)
-    replace_in("lock.toml", 'rocm = "9.9.0"', f'rocm = "{rocm}"')(p)
-    # The line's build-environment lock, as `lock constraints` would head it (nothing is installed:
-    # the source is unpacked first).
-    from pipeline.config import build_constraints as constraints
-    from pipeline.config.lock import load_lock
-    from pipeline.config.recipes import load_recipes
-
-    lock = load_lock(p.recipes)
-    wanted = constraints.line_requirements(load_recipes(p.recipes), lock, "rocm9.9")
-    path = constraints.constraints_path(p.recipes, "rocm9.9")
-    path.parent.mkdir()
-    path.write_text(f"{constraints._HEADER}{constraints._input_digest(wanted, lock.line('rocm9.9').python)}\n")
-
-
 def small_tmpdir(p: Project) -> None:
     """TMPDIR on a 64 KiB disk, and a wheel whose library (200 KB) does not fit there unpacked."""
     mounted(p.root / "small-tmp", p, size="64k")
@@ -310,7 +214,7 @@ def small_tmpdir(p: Project) -> None:
     padded.write_text("const char alpha_pad[200000] = {1};\nint alpha_one(void) { return alpha_pad[0]; }\n")
     library = p.root / "libalpha.so"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(padded)], check=True)
-    _platform_wheel(p.wheelhouse, "alpha", {"alpha/libalpha.so": library}, version="1.0+rocm9.9")
+    write_platform_wheel(p.wheelhouse, "alpha", {"alpha/libalpha.so": library}, version="1.0+rocm9.9")
 
 
 def read_only_cache(p: Project) -> None:
@@ -1138,7 +1042,7 @@ def leftovers(project: Project) -> list[str]:
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    project = _project(tmp_path)
+    project = small_project(tmp_path)
     monkeypatch.setenv("TMPDIR", str(project.tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
     monkeypatch.setenv("ROCWHEELS_CACHE", str(project.cache))

@@ -12,7 +12,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from torch_line import (
+
+from pipeline.config.lock import load_lock
+from pipeline.config.recipes import load_recipes
+from pipeline.repair.pins import exact_requirements
+from pipeline.util.cmd import run
+from tests.helpers.torch_line import (
     LINE,
     RECIPES,
     TORCH,
@@ -24,11 +29,6 @@ from torch_line import (
     published,
     torch_wheel_dir,
 )
-
-from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.repair.pins import exact_requirements
-from pipeline.util.cmd import run
 
 SHIPPED = Path(__file__).parents[1] / "recipes"
 BACKEND = {"FLASH_ATTENTION_TRITON_AMD_ENABLE": "TRUE"}
@@ -52,6 +52,7 @@ def built(tmp_path_factory: pytest.TempPathFactory):
 
 
 @needs_torch_wheel
+@pytest.mark.network  # the line's build downloads its build requirements from PyPI
 def test_triton_backend_wheel_is_pure_python_and_pinned_to_its_torch(built):
     _, wheel = built
     assert wheel.name.startswith("flash_attn-2.8.3.post2+rocm5.2-") and wheel.name.endswith("-py3-none-any.whl")

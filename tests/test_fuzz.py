@@ -15,7 +15,6 @@ import zlib
 
 import pytest
 import zstandard
-from conftest import _platform_wheel
 from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,6 +25,7 @@ from pipeline.config.recipes import load_recipe
 from pipeline.errors import RocwheelsError
 from pipeline.wheel.archive import check_wheel
 from pipeline.wheel.offload import parse_fatbin
+from tests.helpers.wheels import write_platform_wheel
 
 BOUNDED = settings(
     max_examples=150,
@@ -221,7 +221,7 @@ def test_damaged_elf_through_inspect_verify_and_repair(
 ) -> None:
     """Each command ends with a verdict or a RocwheelsError (exit 0 or 1), never another exception."""
     folder = tmp_path_factory.mktemp("fuzz")
-    wheel = _platform_wheel(folder, "alpha", {"alpha/libalpha.so": _damage(shared_library, how)}, version="1.0")
+    wheel = write_platform_wheel(folder, "alpha", {"alpha/libalpha.so": _damage(shared_library, how)}, version="1.0")
     for command in (["inspect"], ["verify", "--no-smoke"], ["repair", "-w", str(folder / "out")]):
         argv = ["rocwheels", "--recipes-dir", str(folder / "none"), "--work-dir", str(folder / "build"), *command]
         monkeypatch.setattr(sys, "argv", [*argv, str(wheel)])

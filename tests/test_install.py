@@ -24,8 +24,8 @@ import pytest
 from pipeline.publish.index import build_static_index, write_constraints, write_requirements
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.util.cmd import run
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 README_URL = "http://buildhost:8080/simple/"
 VERSION = "0.1.0+rocm6.2"  # the line the README's commands name
 pytestmark = pytest.mark.network

@@ -19,14 +19,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from conftest import _platform_wheel, _write_wheel
-from hip_wheels import EXT, Built
-from test_failures import _project
 
 from pipeline.util.cmd import run
 from pipeline.util.interrupts import PRIVATE_PREFIX
+from tests.helpers import REPO
+from tests.helpers.hip_wheels import EXT, Built
+from tests.helpers.project import small_project
+from tests.helpers.waiting import wait_for
+from tests.helpers.wheels import write_platform_wheel, write_wheel
 
-REPO = Path(__file__).resolve().parents[1]
 SIGNALS = pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 
 
@@ -81,8 +82,19 @@ def stalling_server() -> Iterator[tuple[str, threading.Event]]:
         server.server_close()
 
 
-def start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """``python -m pipeline ARGS`` with TMPDIR and the cache under the test's folder."""
+def _ignore_signals() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def start(
+    args: list[str], tmp: Path, env: dict[str, str] | None = None, *, ignoring_signals: bool = False
+) -> subprocess.Popen:
+    """``python -m pipeline ARGS`` with TMPDIR and the cache under the test's folder.
+
+    ``ignoring_signals``: SIGINT and SIGTERM ignored until rocwheels sets its own policy, so those
+    landing in Python's start-up, before any code of rocwheels runs, change nothing.
+    """
     full_env = {**os.environ, "TMPDIR": str(tmp / "tmp"), "ROCWHEELS_CACHE": str(tmp / "cache"), **(env or {})}
     (tmp / "tmp").mkdir(exist_ok=True)
     return subprocess.Popen(
@@ -92,6 +104,7 @@ def start(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subp
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_ignore_signals if ignoring_signals else None,
     )
 
 
@@ -108,20 +121,12 @@ def leftovers(tmp: Path) -> list[str]:
             found += [
                 str(p)
                 for p in folder.rglob("*")
-                if p.name.endswith(".partial")
-                or (p.name.startswith(".simple-") and not (folder / "simple").resolve() == p)
+                if p.name.endswith(".partial") or (p.name.startswith(".simple-") and (folder / "simple").resolve() != p)
             ]
     return found
 
 
-def wait_for(condition, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"never happened: {what}")
-        time.sleep(0.02)
-
-
+@pytest.mark.network
 @SIGNALS
 def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
     """A signal while a url source is half downloaded: the cache keeps no partial file."""
@@ -139,7 +144,7 @@ def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
             **os.environ,
             "TMPDIR": str(tmp_path / "tmp"),
             "ROCWHEELS_CACHE": str(tmp_path / "cache"),
-            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+            "PYTHONPATH": str(REPO),
         }
         (tmp_path / "tmp").mkdir()
         process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
@@ -150,10 +155,11 @@ def test_download_interrupted(tmp_path: Path, stop: signal.Signals) -> None:
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.network
 @SIGNALS
 def test_upload_interrupted_then_published(tmp_path: Path, stop: signal.Signals) -> None:
     """A signal while twine's upload waits for the index: twine stops too, TMPDIR is clean, a rerun works."""
-    _write_wheel(tmp_path / "wheelhouse", "alpha", "1.0+rocm9.9")
+    write_wheel(tmp_path / "wheelhouse", "alpha", "1.0+rocm9.9")
     with stalling_server() as (url, started):
         process = start(
             ["--wheelhouse", "wheelhouse", "publish", "--attempts", "1", "--repository", url],
@@ -186,7 +192,7 @@ def test_index_build_interrupted_then_rebuilt(tmp_path: Path, stop: signal.Signa
     """Signals at several points of an index build: the old index or none, never a half one; a rerun succeeds."""
     wheelhouse = tmp_path / "wheelhouse"
     for number in range(40):
-        _write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
+        write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
     process = start(["--wheelhouse", "wheelhouse", "--recipes-dir", "none", "index", "build"], tmp_path)
     wait_for(lambda: process.poll() is not None or INDEX_POINTS[point](tmp_path), point)
     if process.poll() is None:
@@ -209,6 +215,7 @@ def test_index_build_interrupted_then_rebuilt(tmp_path: Path, stop: signal.Signa
 SMOKE_POINTS = ["venv", "install"]
 
 
+@pytest.mark.network
 @SIGNALS
 @pytest.mark.parametrize("point", SMOKE_POINTS)
 def test_verify_interrupted_in_the_smoke_test_then_verified(tmp_path: Path, stop: signal.Signals, point: str) -> None:
@@ -216,10 +223,10 @@ def test_verify_interrupted_in_the_smoke_test_then_verified(tmp_path: Path, stop
     into it: the venv and the private TMPDIR go, the wheelhouse keeps only the wheel, and the same
     verify then passes. pip is held at the install by an index that never finishes answering for
     the wheel's dependency."""
-    project = _project(tmp_path)
-    wheel = _write_wheel(project.wheelhouse, "alpha", "1.0+rocm9.9", requires=("beta",))
+    project = small_project(tmp_path)
+    wheel = write_wheel(project.wheelhouse, "alpha", "1.0+rocm9.9", requires=("beta",))
     links = tmp_path / "links"
-    _write_wheel(links, "beta", "1.0+rocm9.9")
+    write_wheel(links, "beta", "1.0+rocm9.9")
     verify = ["--recipes-dir", "recipes", "--wheelhouse", "wheelhouse", "--work-dir", "build", "verify", str(wheel)]
     # Only this test's indexes: not the machine's pip configuration.
     pip_env = {"PIP_CONFIG_FILE": os.devnull}
@@ -261,7 +268,7 @@ def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:
         "except Interrupted as exc:\n    sys.exit(exc.exit_code)\n"
     )
     (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, script], env=env, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: (tmp_path / "log").exists(), "the child starts")
     status, err = stop_and_wait(process, signal.SIGTERM)
@@ -281,7 +288,7 @@ def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     """Leftovers of a run killed with SIGKILL (no cleanup possible) are removed by the next run;
     a user's own dot files of the same shapes, and a live run's TMPDIR folder, are not touched."""
     wheelhouse = tmp_path / "wheelhouse"
-    _write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
+    write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
     dead = _dead_pid()
     (wheelhouse / f".alpha-1.0+rocm9.9-py3-none-any.whl.rocwheels-{dead}-x1y2.partial").write_bytes(b"half")
     (wheelhouse / f".simple-rocwheels-{dead}-abc").mkdir()
@@ -331,6 +338,76 @@ def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmpdir.iterdir()) == ["rocwheels-run-live"]
 
 
+# Each signal in turn after 0, 1/N, 2/N ... of an undisturbed run's time.
+MOMENTS = 16
+
+
+def test_a_signal_at_any_moment_prints_no_traceback(tmp_path: Path) -> None:
+    """SIGINT and SIGTERM at moments spread over a whole short command: the command line's imports,
+    the command's own (each import has a weakref callback, where Python could only print the
+    Interrupted), its cleanup and the interpreter's shutdown. Never a traceback nor an "Exception
+    ignored", 128 + N whenever rocwheels took the signal, and nothing left behind.
+
+    The process starts with both signals ignored: before rocwheels's first line runs, Python's own
+    start-up (the site module) would print a KeyboardInterrupt that no program can prevent.
+    """
+    for number in range(3):
+        write_wheel(tmp_path / "wheelhouse", f"pkg{number}", "1.0+rocm9.9")
+    args = ["--wheelhouse", "wheelhouse", "--recipes-dir", "none", "index", "build"]
+    began = time.monotonic()
+    undisturbed = start(args, tmp_path)
+    assert undisturbed.wait(timeout=120) == 0, undisturbed.communicate()[1]
+    whole = time.monotonic() - began
+    taken = 0
+    for moment in range(MOMENTS):
+        stop = (signal.SIGINT, signal.SIGTERM)[moment % 2]
+        process = start(args, tmp_path, ignoring_signals=True)
+        time.sleep(whole * moment / MOMENTS)
+        status, err = stop_and_wait(process, stop)
+        where = f"{stop.name} after {whole * moment / MOMENTS:.3f} s of {whole:.3f} s: status {status}\n{err}"
+        assert "Traceback" not in err and "Exception ignored" not in err, where
+        # 0: before rocwheels's policy or after the end; -N: in the interpreter's last moments, where
+        # Python has given the signal back its default action (a shell shows 128 + N then too).
+        assert status in (0, 128 + stop, -stop), where
+        assert leftovers(tmp_path) == [], where
+        taken += status != 0
+    # Most land while rocwheels runs; fewer than a quarter would mean its policy was barely tried.
+    assert taken >= MOMENTS // 4, f"only {taken} of {MOMENTS} signals landed while rocwheels ran"
+
+
+# A signal whose Interrupted Python cannot raise: in a __del__, as in an import's weakref callback.
+_SWALLOWED = """
+import signal, sys, time
+from pipeline.errors import Interrupted
+from pipeline.util.interrupts import interruptible
+
+class SignalledWhileCollected:
+    def __del__(self):
+        signal.raise_signal(signal.SIGINT)
+
+try:
+    with interruptible():
+        SignalledWhileCollected()
+        {then}
+    print("not interrupted")
+except Interrupted as exc:
+    sys.exit(exc.exit_code)
+"""
+
+
+@pytest.mark.parametrize("then", ["time.sleep(30)", "pass"], ids=["then-waits", "then-ends"])
+def test_a_signal_python_cannot_raise_is_raised_again(tmp_path: Path, then: str) -> None:
+    """Python prints an exception raised in a __del__ or a weakref callback as "Exception ignored"
+    and goes on: the Interrupted of a signal landing there still ends the command, quietly, whether
+    the body then waits (interrupted a moment later) or ends (interrupted at its end)."""
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp"), "PYTHONPATH": str(REPO)}
+    script = _SWALLOWED.format(then=then)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (130, "", "")
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
 REPAIR_POINTS = {
     # auditwheel has unpacked the wheel into rocwheels' private TMPDIR
     "auditwheel": lambda tmp: any((tmp / "tmp").glob(f"{PRIVATE_PREFIX}*/rocwheels-repair-*")),
@@ -343,7 +420,7 @@ REPAIR_POINTS = {
 @pytest.mark.parametrize("point", list(REPAIR_POINTS))
 def test_repair_interrupted_then_repaired(tmp_path: Path, built: Built, stop: signal.Signals, point: str) -> None:
     """Signals while auditwheel works and while the result is written: TMPDIR and the output folder stay clean."""
-    raw = _platform_wheel(
+    raw = write_platform_wheel(
         tmp_path / "raw",
         "recentpkg",
         {

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from elf_builds import Elf, build
-from hip_wheels import EXT
 
 from pipeline.repair.policy import LinkPackage
 from pipeline.util.cmd import run
 from pipeline.verify.verify import Expectations, verify_wheel
 from pipeline.wheel.analyze import TargetLayout
+from tests.helpers.elf_builds import Elf, build
+from tests.helpers.hip_wheels import EXT
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import recipe_toml
 
 from pipeline.config.lock import check_lock, load_lock, select_line
 from pipeline.config.recipes import load_recipes
 from pipeline.errors import ConfigError, RocwheelsError
+from tests.helpers import REPO
+from tests.helpers.recipes import recipe_toml
 
-REPO = Path(__file__).resolve().parents[1]
 DIGEST = "@sha256:" + "0" * 64
 
 

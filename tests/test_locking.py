@@ -8,14 +8,13 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import _write_wheel
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
+from tests.helpers.wheels import write_wheel
 
 
 def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
-    _write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
+    write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # The first run: a process holding the wheelhouse lock (as `rocwheels wheels` does while it builds).
     holder = subprocess.Popen(
@@ -63,7 +62,7 @@ def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
 def test_two_index_builds_at_once_both_succeed(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     for number in range(20):
-        _write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
+        write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
     argv = [
         sys.executable,
         "-m",
@@ -88,9 +87,9 @@ def test_two_index_builds_at_once_both_succeed(tmp_path: Path) -> None:
 def test_two_wheels_runs_with_one_work_folder_take_turns(tmp_path: Path) -> None:
     """Two `wheels` runs into different wheelhouses share the work folder (build/): the second waits
     for the first instead of emptying its build folders under it."""
-    from test_failures import _project, escaping_tar_source
+    from tests.helpers.project import escaping_tar_source, small_project
 
-    project = _project(tmp_path / "project")
+    project = small_project(tmp_path / "project")
     escaping_tar_source(project)  # a recipe whose build stops early (at unpacking), after the lock
     work = tmp_path / "build"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(project.tmp)}

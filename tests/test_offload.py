@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from conftest import HIP_ENV, REPO, offload_args
 
 from pipeline.build.engine import Engine
 from pipeline.config.lock import load_lock
@@ -33,6 +32,8 @@ from pipeline.wheel.offload import (
     gpu_targets,
     parse_fatbin,
 )
+from tests.helpers import REPO
+from tests.helpers.hip import HIP_ENV, offload_args
 
 # The two newest Instinct processors; the lock's debian-sid line records that its clang takes them.
 SID_TARGETS = ("gfx942", "gfx950")

@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import recipe_toml
 
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
-from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.description import default_jobs, jobs_for
+from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.plan import build_order, describe, make_plan
+from tests.helpers.recipes import recipe_toml
 
 REPO = Path(__file__).resolve().parents[1]
 

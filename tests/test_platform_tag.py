@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hip_wheels import EXT, PY_INCLUDE
 
 from pipeline.errors import RocwheelsError
 from pipeline.repair.repair import repair_wheel
@@ -14,6 +13,7 @@ from pipeline.util.cmd import run
 from pipeline.verify.verify import Expectations, verify_wheel
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheel.platform_tag import check_platform_tag
+from tests.helpers.hip_wheels import EXT, PY_INCLUDE
 
 EXTENSION = """#include <Python.h>
 int odd_fn(void);

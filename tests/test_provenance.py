@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO, canary_plan, recipe_toml
 
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
@@ -17,6 +16,8 @@ from pipeline.plan import make_plan
 from pipeline.verify.provenance import check_record, fingerprints, record_path
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.recipes import canary_plan, recipe_toml
 
 LOCK = """default_line = "l"
 [lines.l]

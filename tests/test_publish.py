@@ -15,7 +15,6 @@ from urllib.request import urlopen
 
 import pytest
 from click.testing import CliRunner
-from test_serve import _wait_for
 
 from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
@@ -23,6 +22,7 @@ from pipeline.publish.index import file_sha256, write_requirements
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish, resolve_repository
 from pipeline.verify.provenance import check_record, record_path, write_record
+from tests.helpers.waiting import answers, wait_for
 
 USER = "builder"
 PASSWORD = "correct-horse-battery"  # the test checks that this never reaches a message or a log
@@ -322,7 +322,7 @@ def _plain_pypiserver(packages: Path, htpasswd: Path) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}/"
     try:
-        _wait_for(url + "health")
+        wait_for(lambda: answers(url + "health"), f"{url}health answers", timeout=20)
         yield url
     finally:
         server.terminate()

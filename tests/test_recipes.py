@@ -7,8 +7,7 @@ import pytest
 
 from pipeline.config.recipes import load_recipe, load_recipes
 from pipeline.errors import ConfigError
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO
 
 CANARY = """
 name = "demo"

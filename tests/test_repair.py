@@ -1,4 +1,4 @@
-"""Repair end to end: real HIP extensions built here (tests/hip_wheels.py), real auditwheel,
+"""Repair end to end: real HIP extensions built here (tests/helpers/hip_wheels.py), real auditwheel,
 real patchelf."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Built, Repaired, extract_wheel, members
 
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, load_policy
@@ -20,6 +19,7 @@ from pipeline.repair.repair import RepairSettings, _retag, repair_wheel
 from pipeline.util.cmd import run
 from pipeline.wheel.archive import check_wheel
 from pipeline.wheel.elf import read_elf
+from tests.helpers.hip_wheels import EXT, LINK, ROCM_LIB_DIR, Built, Repaired, extract_wheel, members
 
 
 @pytest.mark.hipcc

@@ -13,8 +13,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, canary_plan
-from test_container import debian13_plan
 
 from pipeline.build.container import container_driver
 from pipeline.build.engine import Engine
@@ -22,6 +20,8 @@ from pipeline.config.layout import Layout
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.wheel.zipwrite import ZIP_EPOCH, epoch_time, write_wheel
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.recipes import canary_plan, debian13_plan
 
 
 def sha256(path: Path) -> str:

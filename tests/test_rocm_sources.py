@@ -13,13 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 from filelock import FileLock
 
 from pipeline.repair.policy import load_policy
 from pipeline.wheel.analyze import system_libraries
 from pipeline.wheel.archive import open_wheel
 from pipeline.wheel.elf import ELF_MAGIC, read_elf
+from tests.helpers import REPO
 
 SOURCES = Path(__file__).parent / "data" / "rocm-library-sources.toml"
 

@@ -11,9 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
 from rich.console import Console
-from rocm_standin import VERSION, build_standin_wheels, hip_runtime_soname
 
 from pipeline.build.container import container_driver
 from pipeline.config.layout import Layout
@@ -32,6 +30,8 @@ from pipeline.util.cmd import run
 from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
 from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.rocm_standin import VERSION, build_standin_wheels, hip_runtime_soname
 
 LINE = "standin10.0"
 REQUIRES = f"rocm[libraries]=={VERSION}"
@@ -60,7 +60,7 @@ rocm_path = "{rocm_path}"
 build = ["rocm[libraries,devel]=={VERSION}"]
 requires = ["{REQUIRES}"]
 index_url = "{index_url}"
-source = "stand-in wheels built by tests/rocm_standin.py"
+source = "stand-in wheels built by tests/helpers/rocm_standin.py"
 [lines."{LINE}".versions]
 rocm-canary = "0.1.0"
 """
@@ -333,7 +333,11 @@ def test_the_description_of_a_wheels_line_repairs_with_the_rocm_packages(tmp_pat
     recipes_dir = write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))
     line = load_lock(recipes_dir).line(LINE)
     plan = make_plan(
-        load_recipes(recipes_dir), ["rocm-canary"], recipes_dir=recipes_dir, line_name=LINE, line=line,
+        load_recipes(recipes_dir),
+        ["rocm-canary"],
+        recipes_dir=recipes_dir,
+        line_name=LINE,
+        line=line,
         targets=parse_targets("gfx90a"),
     )
     settings = plan.steps[0].repair

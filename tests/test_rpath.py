@@ -10,13 +10,13 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from elf_builds import Elf, build
 from elftools.elf.elffile import ELFFile
 
 from pipeline.repair.repair import _patchelf
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import read_elf
 from pipeline.wheel.rpath import set_rpath_in_place
+from tests.helpers.elf_builds import Elf, build
 
 LONG = "{build}/a/build/machine/folder/that/is/long/enough/lib"
 

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
@@ -18,6 +17,7 @@ from passlib.apache import HtpasswdFile
 from pipeline.errors import RocwheelsError
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.verify.provenance import record_path, write_record
+from tests.helpers.waiting import answers, wait_for
 
 
 def test_htpasswd_users_are_added_and_updated(tmp_path):
@@ -93,7 +93,8 @@ def test_stopping_serve_stops_pypiserver_too(tmp_path, stop):
     # Popen, not cmd.run: the test must signal the command while it runs.
     rocwheels = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_for(f"http://127.0.0.1:{port}/health")
+        health = f"http://127.0.0.1:{port}/health"
+        wait_for(lambda: answers(health), f"{health} answers", timeout=20)
         rocwheels.send_signal(stop)  # to rocwheels alone, as `kill PID` would
         assert rocwheels.wait(timeout=20) == 128 + stop
     finally:
@@ -102,18 +103,6 @@ def test_stopping_serve_stops_pypiserver_too(tmp_path, stop):
             rocwheels.wait()
     with socket.socket() as client:
         assert client.connect_ex(("127.0.0.1", port)) != 0  # nothing listens there any more
-
-
-def _wait_for(url: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urlopen(url, timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def _request(url: str, method: str = "GET", data: bytes | None = None, login: str | None = None) -> tuple[int, bytes]:

@@ -1,6 +1,6 @@
-"""A real torch C++ extension (tests/torch_ext) through the whole pipeline, against a real torch.
+"""A real torch C++ extension (tests/torch-recipes/torch_ext) through the whole pipeline, against a real torch.
 
-Built by the local driver of the test-only line ``torch2.13-cpu`` (tests/torch_line.py), whose
+Built by the local driver of the test-only line ``torch2.13-cpu`` (tests/helpers/torch_line.py), whose
 recipe installs PyTorch's CPU wheel of torch 2.13.0 into the build environment as a build wheel;
 repaired with ``link_packages`` for torch/lib; verified (its smoke test runs the op in a fresh
 venv); published to a real pypiserver; installed by pip next to a PyPI-like index that offers a
@@ -14,7 +14,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from torch_line import (
+
+from pipeline.config.recipes import load_recipes
+from pipeline.errors import CommandError
+from pipeline.repair.pins import exact_requirements
+from pipeline.repair.policy import LinkPackage
+from pipeline.util.cmd import run
+from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
+from tests.helpers.torch_line import (
     RECIPES,
     TORCH,
     TORCH_FILE,
@@ -28,14 +35,8 @@ from torch_line import (
     torch_wheel_dir,
 )
 
-from pipeline.config.recipes import load_recipes
-from pipeline.errors import CommandError
-from pipeline.repair.pins import exact_requirements
-from pipeline.repair.policy import LinkPackage
-from pipeline.util.cmd import run
-from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
-
-pytestmark = needs_torch_wheel
+# Every test uses the line's build, which downloads its build requirements from PyPI.
+pytestmark = [needs_torch_wheel, pytest.mark.network]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,6 @@ def test_torch_libraries_resolve_in_the_installed_layout(built, tmp_path):
         assert "site-packages/torch_ext/../torch/lib/" in line, line
 
 
-@pytest.mark.network
 def test_published_extension_installs_with_its_torch_over_a_higher_one_and_runs(
     built, index, torch_deps, make_wheel, tmp_path
 ):
@@ -119,7 +119,6 @@ def test_published_extension_installs_with_its_torch_over_a_higher_one_and_runs(
     assert result.output.strip().splitlines()[-1] == "[2.0, 42.0]"
 
 
-@pytest.mark.network
 def test_the_pin_refuses_another_torch(built, index, torch_deps, make_wheel, tmp_path):
     """A venv holding another torch: pip will not pair the extension with it (an ABI mismatch at import)."""
     other = make_wheel(tmp_path / "dist", "torch", "2.15.0", build="pypi")

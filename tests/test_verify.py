@@ -10,7 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hip_wheels import EXT, LINK, ROCM_LIB_DIR, Repaired
 
 from pipeline.config.recipes import Smoke
 from pipeline.repair.policy import LinkPackage
@@ -18,6 +17,7 @@ from pipeline.util.cmd import run
 from pipeline.verify.verify import ERROR, Expectations, verify_wheel
 from pipeline.wheel.analyze import TargetLayout
 from pipeline.wheel.archive import rewrite_wheel
+from tests.helpers.hip_wheels import EXT, LINK, ROCM_LIB_DIR, Repaired
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.hipcc

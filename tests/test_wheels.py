@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, canary_plan
 
 from pipeline.config.layout import Layout
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheel.archive import split_variant
 from pipeline.wheel.variant import read_variant, served_processors
 from pipeline.wheels import make_wheels
+from tests.helpers import REPO
+from tests.helpers.recipes import canary_plan
 
 pytestmark = pytest.mark.hipcc
 

@@ -8,6 +8,9 @@ wheel into TMPDIR) go into one private folder that is removed on the way out, wh
 there. Further signals during that cleanup are ignored so it can finish. A run killed with
 SIGKILL cannot clean up: its folder stays locked (``flock``) only while its process lives, and the
 next run removes such folders of dead runs, never one whose run is still going.
+
+Outside a command (while the command line is imported, and from its end to the process's) a signal
+exits 128 + N at once: nothing is being written then, and no exception means no traceback.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from pipeline.errors import Interrupted
 from pipeline.util.files import raise_write_error
@@ -65,10 +70,32 @@ def remove_dead_runs(parent: Path) -> list[Path]:
     return removed
 
 
+# How soon an Interrupted that Python could not raise is raised again (see interruptible).
+RAISE_AGAIN_SECONDS = 0.001
+
+
 def _interrupt(signum: int, _frame: object) -> None:
     for handled in SIGNALS:
         signal.signal(handled, signal.SIG_IGN)
     raise Interrupted(signum)
+
+
+def _exit_at_once(signum: int, _frame: object) -> None:
+    with contextlib.suppress(OSError):  # stderr may be closed
+        os.write(2, f"interrupted by signal {signum}\n".encode())
+    os._exit(128 + signum)
+
+
+def exit_at_once_on_signals() -> None:
+    """The policy outside a command: a signal ends the process at once with 128 + N.
+
+    The entry point's first call, with the signals held back until here (delivered now, not lost).
+    An exit raises nothing, so wherever it lands, in an import or in interpreter shutdown, Python
+    has no exception to print; :func:`interruptible` puts this back when the command ends.
+    """
+    for signum in SIGNALS:
+        signal.signal(signum, _exit_at_once)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
 
 @contextmanager
@@ -96,8 +123,34 @@ def held_while() -> Iterator[None]:
 
 @contextmanager
 def interruptible() -> Iterator[Path]:
-    """For one command's lifetime (main thread): signals unwind; TMPDIR is a private folder, removed at the end."""
-    previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
+    """For one command's lifetime (main thread): signals unwind; TMPDIR is a private folder, removed at the end.
+
+    An Interrupted raised in a weakref callback (every import has one, for its module lock), a
+    ``__del__`` or a finalizer cannot unwind anything: Python prints "Exception ignored" and goes on
+    with the signals ignored. Such an Interrupted is kept quiet and raised again a moment later
+    (SIGALRM), wherever the main thread is then, or at the end of the body if that comes first.
+    """
+    previous = {signum: signal.getsignal(signum) for signum in (*SIGNALS, signal.SIGALRM)}
+    previous_hook = sys.unraisablehook
+    swallowed: list[int] = []
+
+    def keep_swallowed(unraisable: sys.UnraisableHookArgs) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            previous_hook(unraisable)
+            return
+        swallowed.append(unraisable.exc_value.signum)
+        signal.signal(signal.SIGALRM, raise_swallowed)
+        signal.setitimer(signal.ITIMER_REAL, RAISE_AGAIN_SECONDS)
+
+    def raise_swallowed(_alarm: int, frame: FrameType | None) -> None:
+        where = frame.f_code if frame else None
+        if where is keep_swallowed.__code__:  # raised in the hook, it would be lost again
+            signal.setitimer(signal.ITIMER_REAL, RAISE_AGAIN_SECONDS)
+        elif where is not own_code:  # in the cleanup below, which raises it once done
+            raise Interrupted(swallowed.pop())
+
+    own_code = sys._getframe().f_code
+
     # Held back until the cleanup below is in place: a signal in between would leave the folder.
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     parent = Path(tempfile.gettempdir())
@@ -118,10 +171,13 @@ def interruptible() -> Iterator[Path]:
     os.environ["TMPDIR"] = tempfile.tempdir = str(private)
     for signum in SIGNALS:
         signal.signal(signum, _interrupt)
+    sys.unraisablehook = keep_swallowed
     try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
         yield private
     finally:
+        if swallowed:  # first: raised at the end, not in the middle of the cleanup
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for signum in SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         shutil.rmtree(private, ignore_errors=True)
@@ -133,3 +189,6 @@ def interruptible() -> Iterator[Path]:
             os.environ["TMPDIR"] = saved_env
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        sys.unraisablehook = previous_hook
+        if swallowed:
+            raise Interrupted(swallowed[0])

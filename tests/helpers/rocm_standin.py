@@ -24,12 +24,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import _wheel_archive
-
 from pipeline.repair.policy import load_policy
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import system_libraries
 from pipeline.wheel.elf import read_elf
+from tests.helpers.wheels import wheel_archive
 
 VERSION = "10.0.0"
 TAG = "py3-none-linux_x86_64"
@@ -161,7 +160,7 @@ def _wheel(
         contents[f"{dist_info}/entry_points.txt"] = (
             "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in console_scripts.items())
         ).encode()
-    return _wheel_archive(
+    return wheel_archive(
         dest / f"{name.replace('-', '_')}-{VERSION}-{TAG}.whl",
         name,
         VERSION,

@@ -7,7 +7,7 @@ The HIP wheel holds two extension modules:
   (``fakepkg/lib``, declared in link_packages) and carries a build-machine RUNPATH with an empty
   entry, which auditwheel leaves alone (nothing of it is grafted) and repair must clean.
 
-Test modules import the fixtures they use from here.
+tests/conftest.py registers the fixtures (``pytest_plugins``); test modules import the rest.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 from pipeline.config.toolchain import HIP_ENV
 from pipeline.repair.repair import RepairSettings, repair_wheel
 from pipeline.util.cmd import run
+from tests.helpers.hip import HIP_ENV
 
 EXT = sysconfig.get_config_var("EXT_SUFFIX")
 PY_INCLUDE = sysconfig.get_paths()["include"]

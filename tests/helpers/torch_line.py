@@ -24,8 +24,9 @@ from pipeline.publish.upload import publish
 from pipeline.util.cmd import Result, run
 from pipeline.util.log import recipe_logger
 from pipeline.wheels import Outcome, make_wheels
+from tests.helpers import REPO
 
-RECIPES = Path(__file__).parent / "torch-recipes"
+RECIPES = REPO / "tests" / "torch-recipes"
 LINE = "torch2.13-cpu"
 TORCH = ("torch", "2.13.0+cpu")
 TORCH_FILE = Path(urlsplit(load_recipes(RECIPES)["torch-ext"].build.wheels[0].url).path)

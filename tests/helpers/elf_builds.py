@@ -10,9 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from hip_wheels import EXT, PY_INCLUDE
-
 from pipeline.util.cmd import run
+from tests.helpers.hip_wheels import EXT, PY_INCLUDE
 
 
 @dataclass(frozen=True)

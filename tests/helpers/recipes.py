@@ -1,0 +1,56 @@
+"""Recipes and plans for tests: a small valid recipe's text, and the canary's plan on a lock line."""
+
+from __future__ import annotations
+
+from pipeline.config.layout import Layout
+from pipeline.config.lock import load_lock
+from pipeline.config.recipes import load_recipes
+from pipeline.config.targets import parse_targets
+from pipeline.plan import Plan, make_plan
+from tests.helpers import REPO
+
+
+def recipe_toml(
+    name: str,
+    version: str = "1.0",
+    *,
+    depends_on: tuple[str, ...] = (),
+    supported: tuple[str, ...] = ("gfx90a", "gfx942"),
+    env: dict[str, str] | None = None,
+) -> str:
+    """The text of a small valid recipe (recipes and plan tests)."""
+    env_table = "[env]\n" + "".join(f'{key} = "{value}"\n' for key, value in (env or {}).items()) if env else ""
+    return (
+        f'name = "{name}"\ndepends_on = {list(depends_on)!r}\n{env_table}'
+        f'[targets]\nenv = "PYTORCH_ROCM_ARCH"\nsupported = {list(supported)!r}\n'
+        f'[smoke]\nimports = ["{name.replace("-", "_")}"]\n'
+        f'[versions."{version}".source]\npath = "."\n'
+    ).replace("'", '"')
+
+
+def canary_plan(layout: Layout, line, targets: tuple[str, ...], driver: str = "local") -> Plan:
+    """The plan of rocm-canary alone on ``line`` (name, lock line) for ``targets``."""
+    name, lock_line = line
+    return make_plan(
+        load_recipes(layout.recipes_dir),
+        ["rocm-canary"],
+        recipes_dir=layout.recipes_dir,
+        line_name=name,
+        line=lock_line,
+        targets=parse_targets(";".join(targets)),
+        driver=driver,
+    )
+
+
+# The Debian 13 line's canary in the builder container: targets trixie's hipcc 5.7 compiles.
+DEBIAN13_TARGETS = ("gfx942", "gfx90a")
+
+
+def line_plan(layout: Layout, name: str, arch: tuple[str, ...], **line_changes: str) -> Plan:
+    """The canary on lock line ``name`` (of the project's recipes, with ``line_changes``) in the container."""
+    line = load_lock(REPO / "recipes").line(name).model_copy(update=line_changes)
+    return canary_plan(layout, (name, line), arch, driver="container")
+
+
+def debian13_plan(layout: Layout, **line_changes: str) -> Plan:
+    return line_plan(layout, "debian13", DEBIAN13_TARGETS, **line_changes)
