@@ -319,12 +319,10 @@ def _fetch_one(url: str, target: Path, reuse: Reuse, logger: logging.LoggerAdapt
             )
         try:
             report = verify_wheel(wheel_file, reuse.expect, smoke=False, trusted_keys=reuse.trusted)
-        except RocwheelsError as exc:  # a damaged archive or RECORD
-            report = None
-            failures = exc.message
-        else:
             failures = "; ".join(f"{f.check}: {f.message}" for f in report.errors())
-        if report is None or not report.ok:
+        except RocwheelsError as exc:  # a damaged archive or RECORD
+            failures = exc.message
+        if failures:
             logger.warning("%s on the index fails verify (%s): built here", target.name, failures)
             return False
         # The record first: alone it is harmless (no wheel, nothing up to date), and the wheel

@@ -105,7 +105,7 @@ def test_the_key_comes_from_the_environment_or_a_file_and_a_bad_one_is_named_not
 
 
 def test_a_key_the_lock_does_not_list_is_refused_before_anything_is_built(team, monkeypatch):
-    recipes, key, stranger = team
+    recipes, key, _ = team
     monkeypatch.setenv(KEY_ENV, (recipes.parent / "keys" / "stranger.key").read_text())
     with pytest.raises(InputError, match=r"is not in .*lock.toml \[signing\] public_keys"):
         signing_key(recipes)

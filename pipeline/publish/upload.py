@@ -118,7 +118,7 @@ def resolve_repository(
             fix=f"pass the index's upload URL (e.g. http://127.0.0.1:8080/) or the NAME of a section "
             f"with repository= and username= in {config_path}",
         ) from None
-    twine_args = ("--repository-url", repository) if is_url else ("--repository", repository)
+    twine_args: tuple[str, ...] = ("--repository-url", repository) if is_url else ("--repository", repository)
     if config_file:
         twine_args += ("--config-file", str(config_file))
     # twine's own order: the environment wins over the URL's login and .pypirc
