@@ -9,7 +9,7 @@ from urllib.request import urlopen
 
 import pytest
 from conftest import _wheel_archive, _write_wheel
-from test_signing import rocwheels, signed_project
+from test_signing import no_stale_log_handler, rocwheels, signed_project  # noqa: F401 (an autouse fixture)
 
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.util.cmd import run

@@ -9,6 +9,7 @@ Reuse from an index is tested with a real build in tests/test_ci.py.
 from __future__ import annotations
 
 import json
+import logging
 import stat
 import sys
 from pathlib import Path
@@ -61,6 +62,13 @@ def rocwheels(capsys, *args: str) -> tuple[int, str]:
         sys.argv = old_argv
     out = capsys.readouterr()
     return code, out.out + out.err
+
+
+@pytest.fixture(autouse=True)
+def no_stale_log_handler(monkeypatch):
+    """The entry point binds rocwheels' log to the stderr of its run; an earlier test's capture is
+    closed by now, and a line logged before the next run (a server starting) must not go there."""
+    monkeypatch.setattr(logging.getLogger("rocwheels"), "handlers", [])
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from urllib.request import urlopen
 
 import pytest
 from conftest import _write_wheel
-from test_signing import rocwheels, trust_keys
+from test_signing import no_stale_log_handler, rocwheels, trust_keys  # noqa: F401 (an autouse fixture)
 
 from pipeline.ci import fetch_from_index
 from pipeline.config.layout import Layout
