@@ -1,5 +1,6 @@
 # rocwheels: every target creates/uses the project venv itself.
-#   make demo                        canary: build -> repair -> verify -> publish -> install
+#   make demo                        canary: build -> repair -> verify -> publish -> install, in build/demo/
+#   make lint                        ruff (lint, format) and mypy on pipeline/; make test runs it first
 #   make test                        the test suite (installs hipcc/podman when missing, as root)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
@@ -15,6 +16,7 @@ DRIVER ?= container
 ROCM ?=
 PYTHON_VERSION ?=
 FROM_INDEX ?=
+NO_PIN ?=
 FORMAT ?= json
 OUTPUT ?=
 REPOSITORY ?=
@@ -25,9 +27,24 @@ export HIP_PLATFORM := amd
 # compiler cache tests, musl-gcc for the loader tests, and unzip to check ZIP64 archives.
 SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip
 
-.PHONY: venv system-deps test wheels ci-matrix publish demo bench lock-check clean
+FORCE:
 
-$(BIN)/rocwheels: pyproject.toml
+.PHONY: FORCE venv system-deps lint test wheels ci-matrix publish demo bench lock-check clean
+
+# The venv is made again when PYTHON names another interpreter (a stamp records which one made it);
+# pyproject.toml's requires-python is the floor, said in one line before pip would say it in forty.
+PYTHON_ID_CODE := import os, sys; print(os.path.realpath(getattr(sys, "_base_executable", sys.executable)), sys.version.split()[0])
+PYTHON_ID := $(shell $(PYTHON) -c '$(PYTHON_ID_CODE)' 2>/dev/null)
+
+$(VENV)/.python-id: FORCE
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { \
+	  echo "rocwheels needs Python 3.11 or newer; '$(PYTHON)' is $$($(PYTHON) -V 2>/dev/null || echo 'not installed'): run make PYTHON=python3.11 (or newer)"; exit 2; }
+	@made_by="$$(cat $@ 2>/dev/null || $(BIN)/python -c '$(PYTHON_ID_CODE)' 2>/dev/null)"; \
+	if [ -d $(VENV) ] && [ "$$made_by" != "$(PYTHON_ID)" ]; then \
+	  echo "$(VENV) was made by another Python ($${made_by:-unknown}): making it again with $(PYTHON_ID)"; rm -rf $(VENV); fi; \
+	if [ "$$made_by" != "$(PYTHON_ID)" ] || [ ! -f $@ ]; then mkdir -p $(VENV) && echo "$(PYTHON_ID)" > $@; fi
+
+$(BIN)/rocwheels: pyproject.toml $(VENV)/.python-id
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
 	touch $@
@@ -42,7 +59,13 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-test: venv system-deps
+# The rules and their strictness are in pyproject.toml ([tool.ruff], [tool.mypy]).
+lint: venv
+	$(BIN)/ruff check pipeline
+	$(BIN)/ruff format --check pipeline
+	$(BIN)/mypy pipeline
+
+test: lint system-deps
 	$(BIN)/python -m pytest -q
 
 lock-check: venv
@@ -50,7 +73,7 @@ lock-check: venv
 
 wheels: venv
 	$(BIN)/rocwheels wheels --arch '$(ARCH)' --driver '$(DRIVER)' $(if $(RECIPES),--recipes '$(RECIPES)') $(if $(ROCM),--rocm '$(ROCM)') \
-	  $(if $(PYTHON_VERSION),--python '$(PYTHON_VERSION)') $(if $(FROM_INDEX),--from-index '$(FROM_INDEX)')
+	  $(if $(PYTHON_VERSION),--python '$(PYTHON_VERSION)') $(if $(FROM_INDEX),--from-index '$(FROM_INDEX)') $(if $(NO_PIN),--no-pin)
 
 ci-matrix: venv
 	$(BIN)/rocwheels ci matrix --arch '$(ARCH)' --driver '$(DRIVER)' --format '$(FORMAT)' $(if $(RECIPES),--recipes '$(RECIPES)') \

@@ -9,7 +9,7 @@ sub-second ones five times per round):
 on one, a file copy, and the same for the wheel repaired once (which needs no change); auditwheel
 show against rocwheels' analysis. Checks rocwheels' result against auditwheel's own, then repairs
 and verifies a wheel above 4 GiB (ZIP64). Prints PASS/FAIL per target of targets.toml; exits 1 if
-a target or a check fails, 2 if a measurement failed. See README.md.
+a target or a check fails, 2 if a measurement failed. See docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -26,15 +26,15 @@ from typing import Any, BinaryIO
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
-from pipeline.build.sources import file_sha256
 from pipeline.config.layout import Layout
 from pipeline.config.lock import trusted_keys
 from pipeline.config.recipes import LOCK_FILE
-from pipeline.description import python_tag
+from pipeline.config.toolchain import python_tag
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.publish.index import page_links
-from pipeline.util.log import recipe_logger
+from pipeline.util.files import file_sha256
+from pipeline.util.log import RecipeLogger, recipe_logger
 from pipeline.util.net import DEFAULT_TIMEOUT, TIMEOUT_ENV
 from pipeline.verify.provenance import SUFFIX, Provenance, fingerprints, is_current, record_path
 from pipeline.verify.signing import Trust
@@ -57,6 +57,7 @@ class Job:
     distribution: str
     wheel_version: str
     python: str
+    arch: str  # the GPU targets this recipe builds for: the requested ones its recipe supports
     stage: int  # 1 for recipes depending on nothing
     needs: tuple[str, ...]  # every recipe (direct or not) whose wheels the build installs
 
@@ -76,6 +77,7 @@ class Matrix:
     targets: tuple[str, ...]
     driver: str
     stages: tuple[tuple[Job, ...], ...]
+    notes: tuple[str, ...] = ()  # recipes built for fewer targets than asked, or left out
 
     @property
     def jobs(self) -> tuple[Job, ...]:
@@ -91,14 +93,24 @@ def ci_matrix(document: Mapping[str, Any]) -> Matrix:
         stage[step["name"]] = 1 + max((stage[d] for d in deps), default=0)
         needs[step["name"]] = tuple(dict.fromkeys(n for d in deps for n in (*needs[d], d)))
     jobs = [
-        Job(step["name"], step["distribution"], step["wheel_version"], python, stage[step["name"]], needs[step["name"]])
+        Job(
+            step["name"],
+            step["distribution"],
+            step["wheel_version"],
+            python,
+            ";".join(step["targets"]),
+            stage[step["name"]],
+            needs[step["name"]],
+        )
         for step in document["steps"]
         for python in document["python"]
     ]
     stages = tuple(
         tuple(job for job in jobs if job.stage == number) for number in range(1, max(stage.values(), default=0) + 1)
     )
-    return Matrix(document["line"], tuple(document["targets"]), document["driver"], stages)
+    return Matrix(
+        document["line"], tuple(document["targets"]), document["driver"], stages, tuple(document.get("notes", ()))
+    )
 
 
 def matrix_document(matrix: Matrix) -> dict[str, Any]:
@@ -107,12 +119,14 @@ def matrix_document(matrix: Matrix) -> dict[str, Any]:
         "line": matrix.line,
         "targets": list(matrix.targets),
         "driver": matrix.driver,
+        "notes": list(matrix.notes),
         "stages": [
             [
                 {
                     "name": job.name,
                     "recipe": job.recipe,
                     "python": job.python,
+                    "arch": job.arch,
                     "needs": list(job.needs),
                     "artifacts": list(job.artifacts),
                 }
@@ -133,11 +147,17 @@ def github_outputs(matrix: Matrix) -> str:
             f"line {matrix.line} needs {len(matrix.stages)} dependency stages; .github/workflows/wheels.yml declares {GITHUB_STAGES}",
             fix=f"add stage jobs to the workflow (copy the last one) and raise GITHUB_STAGES in {__name__}",
         )
-    lines = [f"line={matrix.line}", f"stages={len(matrix.stages)}"]
+    lines = [f"line={matrix.line}", f"stages={len(matrix.stages)}", "notes=" + "; ".join(matrix.notes)]
     for number in range(1, GITHUB_STAGES + 1):
         jobs = matrix.stages[number - 1] if number <= len(matrix.stages) else ()
         include = [
-            {"recipe": j.recipe, "python": j.python, "distribution": j.distribution, "wheel_version": j.wheel_version}
+            {
+                "recipe": j.recipe,
+                "python": j.python,
+                "arch": j.arch,
+                "distribution": j.distribution,
+                "wheel_version": j.wheel_version,
+            }
             for j in jobs
         ]
         lines.append(f"stage{number}=" + (json.dumps({"include": include}, separators=(",", ":")) if include else ""))
@@ -163,7 +183,7 @@ def gitlab_pipeline(matrix: Matrix, *, arch: str, recipes: str | None) -> dict[s
             "tags": list(BUILD_TAGS),
             "needs": [{"job": names[(need, job.python)], "artifacts": True} for need in job.needs],
             # A ROCWHEELS_REUSE_INDEX variable makes the build take exact builds from that index.
-            "script": [f"make wheels RECIPES={job.recipe} PYTHON_VERSION={job.python}"],
+            "script": [f"make wheels RECIPES={job.recipe} PYTHON_VERSION={job.python} ARCH='{job.arch}'"],
             "artifacts": {"when": "always", "paths": list(job.artifacts)},
         }
     pipeline["publish"] = {
@@ -193,7 +213,8 @@ def _get(url: str, timeout: float, sink: BinaryIO | None = None) -> bytes | None
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             if sink is None:
-                return response.read()
+                body: bytes = response.read()
+                return body
             shutil.copyfileobj(response, sink, 1 << 20)
             return b""
     except urllib.error.HTTPError as exc:
@@ -280,7 +301,7 @@ class Reuse:
     timeout: float
 
 
-def _fetch_one(url: str, target: Path, reuse: Reuse, logger: logging.LoggerAdapter) -> bool:
+def _fetch_one(url: str, target: Path, reuse: Reuse, logger: RecipeLogger) -> bool:
     """Download a wheel and its record beside it, all or nothing, if the record is believed and names
     this build, and the wheel is the file it describes and passes verify."""
     record_bytes = _get(url + SUFFIX, reuse.timeout)

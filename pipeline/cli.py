@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,7 +23,12 @@ from pipeline.plan import Plan, describe, plan_document, select_plan
 from pipeline.util.log import setup_logging
 from pipeline.util.runlock import wheelhouse_lock
 
+if TYPE_CHECKING:
+    from pipeline.wheels import Driver
+
 log = logging.getLogger("rocwheels")
+# A click command function, before and after an option decorator.
+Command = TypeVar("Command", bound=Callable[..., Any])
 DRIVERS = ("local", "container")
 
 
@@ -29,7 +37,7 @@ class Context:
     layout: Layout
 
 
-def target_options(command):
+def target_options(command: Command) -> Command:
     """The options that choose what to build: recipes, GPU targets, ROCm line, driver."""
     # No bare ARCH/ROCM/DRIVER environment variables: ARCH=x86_64 is common in build shells.
     command = click.option(
@@ -70,7 +78,7 @@ def target_options(command):
     )(command)
 
 
-def engine_option(command):
+def engine_option(command: Command) -> Command:
     from pipeline.build.engine import ENGINES
 
     return click.option(
@@ -83,7 +91,7 @@ def engine_option(command):
     )(command)
 
 
-def rocm_line_option(command):
+def rocm_line_option(command: Command) -> Command:
     return click.option(
         "--rocm",
         envvar="ROCWHEELS_ROCM",
@@ -92,7 +100,7 @@ def rocm_line_option(command):
     )(command)
 
 
-def timeout_option(command):
+def timeout_option(command: Command) -> Command:
     from pipeline.util.net import DEFAULT_TIMEOUT, TIMEOUT_ENV
 
     return click.option(
@@ -210,7 +218,7 @@ def build_command(
     obj: Context, recipes: str | None, arch: str, rocm: str | None, driver: str, jobs: int | None, python: str | None
 ) -> None:
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
     build = driver_for(driver, plan, obj.layout)
     for step in plan.steps:
         built = build(step, obj.layout, lambda line: None)
@@ -226,6 +234,11 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
 @cli.command("wheels")
 @target_options
 @click.option("--force", is_flag=True, help="rebuild recipes whose wheel is already in the wheelhouse")
+@click.option(
+    "--no-pin",
+    is_flag=True,
+    help="refuse a builder image the lock names by tag instead of pinning its digest on first use (always so in CI)",
+)
 @click.option(
     "--from-index",
     default=None,
@@ -243,13 +256,21 @@ def wheels_command(
     jobs: int | None,
     python: str | None,
     force: bool,
+    no_pin: bool,
     from_index: str | None,
     timeout: float,
 ) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from pipeline.wheels import make_wheels, summary_table
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python)
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
+    # Trust on first use, where a person runs it: CI must build from what was reviewed and committed.
+    if driver == "container" and not plan.line.pinned and not no_pin and not os.environ.get("CI"):
+        from pipeline.build.container import pin_on_first_use
+        from pipeline.build.engine import detect_engine
+
+        if pin_on_first_use(plan.line_name, plan.line, obj.layout.recipes_dir, detect_engine):
+            plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
     with wheelhouse_lock(obj.layout.wheelhouse):
         if from_index and not force:
             from pipeline.ci import fetch_from_index
@@ -268,7 +289,7 @@ def wheels_command(
     "--wheel-dir",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="output folder (default: the wheelhouse)",
+    help="output folder (default: repaired/ in the work folder; never the wheelhouse, which holds only verified wheels)",
 )
 @click.option(
     "--rocm",
@@ -345,7 +366,7 @@ def repair_command(
         requires_pins=requires_pin,
         rocm_wheels=rocm_provider == "wheels",
     )
-    output = (wheel_dir or obj.layout.wheelhouse).resolve()
+    output = (wheel_dir or obj.layout.repaired).resolve()
     for repaired in repair_files(obj.layout, _wheel_paths(wheels), output, options):
         click.echo(str(repaired))
 
@@ -619,7 +640,15 @@ def ci_matrix_command(
     """The line's recipe x Python jobs in dependency stages, from the same plan as `make wheels`."""
     from pipeline.ci import ci_matrix, render
 
-    plan = select_plan(obj.layout, recipes, arch, rocm, driver)
+    # Each recipe builds for the requested targets it supports; the matrix notes the rest.
+    plan = select_plan(obj.layout, recipes, arch, rocm, driver, narrow=True)
+    if driver == "container":
+        from pipeline.build.container import require_pinned
+
+        # No build job may fan out on a lock it would refuse: the matrix is the pipeline's preflight.
+        require_pinned(plan.line_name, plan.line, obj.layout.recipes_dir)
+    for note in plan.notes:
+        log.warning("note: %s", note)
     matrix = ci_matrix(plan_document(plan))
     text = render(matrix, output_format, arch=";".join(matrix.targets), recipes=recipes)
     if output is None:
@@ -719,7 +748,7 @@ def doctor_command(obj: Context, arch: str | None, rocm: str | None, engine_name
         sys.exit(1)
 
 
-def driver_for(driver: str, plan: Plan, layout: Layout):
+def driver_for(driver: str, plan: Plan, layout: Layout) -> Driver:
     if driver == "local":
         from pipeline.build.local import local_driver_for
 

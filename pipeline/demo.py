@@ -1,7 +1,9 @@
 """``make demo``: the whole job on the canary, on this host, from nothing.
 
 build -> repair -> verify -> publish to a local pypiserver on a free loopback port -> install
-from it into a fresh venv -> smoke test -> stop the server. Leaves no process running.
+from it into a fresh venv -> smoke test -> stop the server. Leaves no process running. All of it
+happens in the demo's own folder (``demo/`` in the work folder): the user's wheelhouse, and what
+it holds, are never read or written.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config.layout import Layout
+from pipeline.config.layout import Layout, fresh_dir
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.publish.index import build_static_index, wheels_by_label, write_constraints
@@ -59,7 +61,17 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
+def demo_layout(layout: Layout) -> Layout:
+    """The demo's own wheelhouse and work folder, inside the work folder of ``layout``."""
+    root = layout.work_dir / "demo"
+    return Layout(layout.recipes_dir, root / "wheelhouse", root / "work")
+
+
+def run_demo(plan: Plan, project: Layout) -> list[DemoStep]:
+    """The demo's steps, in :func:`demo_layout` of ``project``: emptied first, since every wheel
+    in its wheelhouse is published."""
+    layout = demo_layout(project)
+    fresh_dir(layout.wheelhouse)
     steps: list[DemoStep] = []
     with _timed(steps, "build, repair, verify") as result:
         (outcome,) = [o for o in make_wheels(plan, layout, force=True) if o.recipe == CANARY]
@@ -67,7 +79,7 @@ def run_demo(plan: Plan, layout: Layout) -> list[DemoStep]:
             raise RocwheelsError(
                 f"the canary did not reach the wheelhouse: {outcome.detail}", fix=f"see {layout.log_file(CANARY)}"
             )
-        result.append(", ".join(w.name for w in outcome.wheels))
+        result.append(f"{', '.join(w.name for w in outcome.wheels)} in {layout.wheelhouse}")
     version = plan.steps[-1].wheel_version
     with tempfile.TemporaryDirectory(prefix="rocwheels-demo-") as scratch:
         root = Path(scratch)

@@ -18,18 +18,22 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename
 
 from pipeline.config import lock as lockmod
 from pipeline.config.layout import Layout
-from pipeline.config.lock import Line
+from pipeline.config.lock import Line, rocm_values
 from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
 from pipeline.config.rocm_wheels import index_urls, link_packages, requires_dist
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
+from pipeline.config.toolchain import python_tag
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.repair.pins import linked_builds
 from pipeline.repair.repair import RepairSettings
 from pipeline.verify.verify import Expectations
+from pipeline.wheel.archive import parse_wheel_name
+from pipeline.wheel.variant import WheelVariant, served_processors, variant_label
+from pipeline.wheel.zipwrite import ZIP_EPOCH
 
 log = logging.getLogger("rocwheels")
 
@@ -57,6 +61,9 @@ class BuildDescription:
     constraints: Path | None
     repair: RepairSettings
     expect: Expectations  # what verify checks, the smoke test's environment and requirements included
+    # The PEP 825 variant the wheels are published as (label, amd :: gfx_arch values); None for a
+    # wheel without GPU code or whose targets are not known.
+    variant: WheelVariant | None = None
 
     @property
     def name(self) -> str:
@@ -97,6 +104,15 @@ class BuildDescription:
             "constraints": str(self.constraints.relative_to(self.constraints.parents[1])) if self.constraints else None,
             "commands": [*self.pre, f"python -m build {' '.join(self.build_args)}"],
             "gpu_code": self.recipe.gpu_code,
+            "variant": (
+                {
+                    "label": self.variant.label,
+                    "gfx_arch": list(self.variant.processors),
+                    "plain": self.variant.plain,
+                }
+                if self.variant
+                else None
+            ),
             "repair": self.repair.document(),
             "verify": {
                 "targets": list(expect.targets) if expect.targets is not None else None,
@@ -112,11 +128,6 @@ class BuildDescription:
         """The description as a JSON file (what ``rocwheels repair --settings`` reads in the container)."""
         path.write_text(json.dumps(self.document(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return path
-
-
-def python_tag(python: str) -> str:
-    """``cp311`` for Python ``3.11``."""
-    return "cp" + python.replace(".", "")
 
 
 def default_jobs() -> int:
@@ -169,17 +180,6 @@ def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Pat
     )
 
 
-def rocm_values(line: Line) -> dict[str, str]:
-    """The ``{rocm...}`` placeholders of recipes: ``7.2.1``, ``7.2``, ``721``, ``72``."""
-    parts = line.rocm.split(".")
-    return {
-        "rocm": line.rocm,
-        "rocm_short": ".".join(parts[:2]),
-        "rocm_digits": "".join(parts)[:3],
-        "rocm_short_digits": "".join(parts[:2]),
-    }
-
-
 def wheel_version(recipe: Recipe, line: Line) -> str:
     """The exact version a wheel of ``recipe`` built for ``line`` carries: ``2.5.1+rocm6.2``."""
     return f"{recipe.version}+{recipe.local_version.format_map(rocm_values(line))}"
@@ -219,11 +219,14 @@ def resolve(
         "targets": formatted_targets,
         "jobs": str(jobs or default_jobs()),
     }
+    epoch = ZIP_EPOCH if line.source_date_epoch is None else line.source_date_epoch
     env = {
         **({"ROCM_PATH": line.rocm_path} if line.rocm_path else {}),
         **{key: value.format_map(values) for key, value in recipe.env.items()},
         **line.env,
         recipe.targets.env: formatted_targets,
+        # Last: the time the build backend writes into the wheel is the one repair writes too.
+        "SOURCE_DATE_EPOCH": str(epoch),
     }
     pins = (*requires_dist(line), *linked_builds(recipe, dependencies))
     repair = RepairSettings(
@@ -233,6 +236,7 @@ def resolve(
         extra_rpath=recipe.repair.rpath,
         plat=line.platform,
         requires_pins=pins,
+        source_date_epoch=epoch,
     )
     expect = Expectations(
         layout=repair.target_layout(),
@@ -247,6 +251,7 @@ def resolve(
         index_urls=index_urls(line),
     )
     return BuildDescription(
+        variant=wheel_variant(targets, line) if recipe.gpu_code else None,
         recipe=recipe,
         line_name=line_name,
         line=line,
@@ -263,6 +268,17 @@ def resolve(
     )
 
 
+def wheel_variant(targets: tuple[GpuTarget, ...] | None, line: Line) -> WheelVariant | None:
+    """The variant a build for ``targets`` is published as. The build for the line's default targets
+    (every target it lists, what a build without ARCH makes) is also the line's plain wheel: the one
+    pip and installers without variant support get, with code for every GPU of the line."""
+    if not targets:
+        return None
+    processors = served_processors(t.processor for t in targets)
+    plain = set(processors) == set(served_processors(t.processor for t in line.default_targets))
+    return WheelVariant(variant_label(processors), processors, plain)
+
+
 def describe_wheel(
     layout: Layout, wheel: Path, rocm: str | None, targets: tuple[GpuTarget, ...] | None
 ) -> BuildDescription | None:
@@ -276,7 +292,7 @@ def describe_wheel(
     if not (layout.recipes_dir / LOCK_FILE).is_file():
         return None  # outside a rocwheels project (inside the builder image, say)
     try:
-        dist, version = parse_wheel_filename(wheel.name)[:2]
+        dist, version = parse_wheel_name(wheel.name)[:2]
     except InvalidWheelFilename:
         return None  # the stage's own wheel check explains what is wrong with it
     recipes = load_recipes(layout.recipes_dir)
@@ -334,7 +350,7 @@ def _recorded_origin(
     if not record.is_file():
         return None
     try:
-        inputs = Provenance.read(record).inputs
+        inputs: object = Provenance.read(record).inputs  # parsed JSON: its shape is not checked yet
     except RocwheelsError:
         return None  # verify's provenance check reports the unreadable record
     # A record is a file anyone may have edited: a field of another shape names nothing.
@@ -362,7 +378,7 @@ def _recorded_origin(
 def _fallback_targets(recipe: Recipe, wheel: Path) -> tuple[GpuTarget, ...] | None:
     """For a wheel without GPU code of a recipe whose fallback makes such wheels: the fallback's targets."""
     fallback = recipe.targets.fallback
-    platforms = {tag.platform for tag in parse_wheel_filename(wheel.name)[3]}
+    platforms = {tag.platform for tag in parse_wheel_name(wheel.name)[3]}
     if fallback is None or fallback.gpu_code or platforms != {"any"}:
         return None
     return parse_targets(";".join(p for p in fallback.supported if p not in recipe.targets.supported))

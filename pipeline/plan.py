@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
 from pipeline.build.host import host_rocm_version
 from pipeline.config import lock as lockmod
 from pipeline.config.build_constraints import check_constraints
@@ -22,8 +24,8 @@ from pipeline.config.layout import Layout
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, load_recipes
 from pipeline.config.targets import GpuTarget, check_supported, parse_targets
-from pipeline.description import BuildDescription, resolve
-from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.description import BuildDescription, at_line, resolve
+from pipeline.errors import ConfigError, InputError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
 
@@ -35,6 +37,8 @@ class Plan:
     targets: tuple[GpuTarget, ...]
     steps: tuple[BuildDescription, ...] = field(default=())
     driver: str = "local"  # "local" (this host) or "container" (the line's builder image)
+    # Recipes built for fewer targets than asked, or left out, when the plan narrows (ci matrix).
+    notes: tuple[str, ...] = ()
 
 
 def running_python() -> str:
@@ -70,8 +74,14 @@ def make_plan(
     jobs: int | None = None,
     driver: str = "local",
     constraints: Path | None = None,
+    narrow: bool = False,
 ) -> Plan:
-    """Order the recipes, check the targets against the line, resolve each recipe's description."""
+    """Order the recipes, check the targets against the line, resolve each recipe's description.
+
+    ``narrow``: each recipe builds for the requested targets it supports (its fallback's included)
+    and the plan notes the rest; a recipe supporting none of them is left out with its dependants.
+    Without it a target a recipe cannot build is an error.
+    """
     check_supported(
         targets,
         line.targets,
@@ -79,21 +89,59 @@ def make_plan(
     )
     # The local driver builds with the Python running rocwheels, the container with the line's.
     python = line.python if driver == "container" else (running_python(),)
-    steps = tuple(
-        resolve(
-            recipes,
-            recipe.name,
-            line_name=line_name,
-            line=line,
-            targets=targets,
-            python=python,
-            recipes_dir=recipes_dir,
-            jobs=jobs,
-            constraints=constraints,
+    steps: list[BuildDescription] = []
+    notes: list[str] = []
+    for recipe in build_order(recipes, wanted):
+        own_targets = targets
+        if narrow:
+            own_targets, note = _supported_targets(
+                recipe, targets, line_name, line, recipes_dir, {s.name for s in steps}
+            )
+            if note:
+                notes.append(note)
+            if not own_targets:
+                continue
+        steps.append(
+            resolve(
+                recipes,
+                recipe.name,
+                line_name=line_name,
+                line=line,
+                targets=own_targets,
+                python=python,
+                recipes_dir=recipes_dir,
+                jobs=jobs,
+                constraints=constraints,
+            )
         )
-        for recipe in build_order(recipes, wanted)
+    return Plan(line_name, line, targets, tuple(steps), driver, tuple(notes))
+
+
+def _supported_targets(
+    recipe: RecipeFile,
+    targets: tuple[GpuTarget, ...],
+    line_name: str,
+    line: Line,
+    recipes_dir: Path,
+    planned: set[str],
+) -> tuple[tuple[GpuTarget, ...], str]:
+    """The requested targets ``recipe`` builds at the line's version, and a note on the rest."""
+    missing = [dep for dep in recipe.depends_on if dep not in planned]
+    if missing:
+        return (), f"{recipe.name}: left out, it needs {', '.join(missing)}"
+    at_version = at_line(recipe, line_name, line, recipes_dir)
+    fallback = at_version.targets.fallback
+    supported = {*at_version.targets.supported, *(fallback.supported if fallback else ())}
+    kept = tuple(t for t in targets if t.processor in supported)
+    dropped = [str(t) for t in targets if t.processor not in supported]
+    if not dropped:
+        return kept, ""
+    if not kept:
+        return (), f"{recipe.name}: left out, its recipe supports none of {', '.join(map(str, targets))}"
+    return (
+        kept,
+        f"{recipe.name}: built for {', '.join(map(str, kept))}; its recipe does not support {', '.join(dropped)}",
     )
-    return Plan(line_name, line, targets, steps, driver)
 
 
 def describe(plan: Plan) -> str:
@@ -139,6 +187,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         "targets": [str(target) for target in plan.targets],
         "python": list(plan.line.python) if plan.driver == "container" else [running_python()],
         "steps": [step.document() for step in plan.steps],
+        "notes": list(plan.notes),
     }
 
 
@@ -154,11 +203,16 @@ def select_plan(
     driver: str,
     jobs: int | None = None,
     python: str | None = None,
+    *,
+    narrow: bool = False,
+    building: bool = False,
 ) -> Plan:
     """Everything checked before anything runs: recipes, lock, line, targets, order.
 
     ``arch`` None means every target the line's compiler takes (the demo); ``python`` (X.Y) builds
-    for that one of the line's Python versions only (one CI job per Python).
+    for that one of the line's Python versions only (one CI job per Python). ``building``: this
+    host builds the plan now, so a local build's ROCm must be the line's (``plan`` and ``ci matrix``
+    only describe builds that run elsewhere).
     """
     targets = parse_targets(arch) if arch is not None else None
     all_recipes = load_recipes(layout.recipes_dir)
@@ -172,11 +226,13 @@ def select_plan(
     line_name, line = lockmod.select_line(lock_file, rocm, host)
     if python is not None:
         line = _for_python(python, line_name, line, driver, layout.recipes_dir)
+    if building and driver == "local" and rocm and not line.rocm_wheels:
+        _check_host_toolchain(line_name, line, lock_file.lock.lines)
     for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
         log.warning("warning: %s", warning)
     constraints = check_constraints(all_recipes, lock_file, line_name)
     wanted = _split(recipes) or list(line.versions)
-    targets = targets or parse_targets(";".join(line.targets))
+    targets = targets or line.default_targets
     return make_plan(
         all_recipes,
         wanted,
@@ -187,7 +243,28 @@ def select_plan(
         jobs=jobs,
         driver=driver,
         constraints=constraints,
+        narrow=narrow,
     )
+
+
+def _check_host_toolchain(line_name: str, line: Line, lines: dict[str, Line]) -> None:
+    """A local build compiles with this host's ROCm: refuse a line of another release before anything runs
+    (a `wheels` line brings its ROCm as pip packages, so any host will do)."""
+    host = host_rocm_version()
+    if host is None:
+        raise InputError(
+            f"ROCm line {line_name} builds with DRIVER=local on this host, which has no ROCm toolchain "
+            "(no /opt/rocm/.info/version, no hipcc)",
+            fix=f"build in the builder image (DRIVER=container ROCM={line_name}), or install ROCm {line.rocm} here",
+        )
+    if Version(host).release[:2] != Version(line.rocm).release[:2]:
+        own = [name for name, other in lines.items() if Version(other.rocm).release[:2] == Version(host).release[:2]]
+        raise InputError(
+            f"ROCm line {line_name} is ROCm {line.rocm}, this host's toolchain is ROCm {host}: a local build would "
+            "compile with the wrong release (its hipcc may reject the line's GPU targets)",
+            fix=f"build it in the builder image (DRIVER=container ROCM={line_name})"
+            + (f", or build this host's line (ROCM={own[0]})" if own else ""),
+        )
 
 
 def _for_python(python: str, line_name: str, line: Line, driver: str, recipes_dir: Path) -> Line:

@@ -15,8 +15,9 @@ from pathlib import Path
 from pipeline.config.layout import Layout
 from pipeline.config.lock import trusted_keys
 from pipeline.config.targets import GpuTarget
+from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.description import describe_wheel, unknown_wheel
-from pipeline.repair.repair import DEFAULT_ROCM_LIB_DIR, RepairSettings, repair_wheel
+from pipeline.repair.repair import RepairSettings, repair_wheel
 from pipeline.util.runlock import wheelhouse_lock
 from pipeline.verify.verify import Expectations, Report, verify_wheel
 from pipeline.wheel.analyze import WheelAnalysis
@@ -99,7 +100,7 @@ def inspect_files(layout: Layout, wheels: Sequence[Path], rocm_lib_dir: str | No
     for wheel in wheels:
         description = describe_wheel(layout, wheel, None, None)
         if description is None:
-            target_layout = either_provider(rocm_lib_dir or DEFAULT_ROCM_LIB_DIR)
+            target_layout = either_provider(rocm_lib_dir or default_rocm_lib_dir())
         else:
             target_layout = description.repair.target_layout()
             if rocm_lib_dir:

@@ -13,16 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.build.diagnose import first_error_in
 from pipeline.build.host import host_rocm_version
 from pipeline.build.local import BuiltWheel, build_local, find_wheels
 from pipeline.build.sources import fetch_build_wheels
 from pipeline.config.layout import Layout, fresh_dir
 from pipeline.description import BuildDescription
-from pipeline.errors import RocwheelsError
+from pipeline.errors import CommandError, RocwheelsError
 from pipeline.plan import Plan
 from pipeline.repair.pins import pin_wheel
 from pipeline.repair.repair import repair_wheel
@@ -30,7 +30,9 @@ from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
 from pipeline.verify.signing import signing_key
-from pipeline.verify.verify import format_report, verify_wheel
+from pipeline.verify.verify import format_report, variant_findings, verify_wheel
+from pipeline.wheel.archive import parse_wheel_name
+from pipeline.wheel.variant import make_variant
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
 Driver = Callable[[BuildDescription, Layout, Callable[[str], None]], BuiltWheel]
@@ -61,7 +63,7 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
             outcomes[step.name] = Outcome(step.name, "skipped", detail=f"needs {', '.join(failed_deps)}")
             continue
         fingerprint, inputs = prints[step.name]
-        existing = find_wheels(layout.wheelhouse, step.recipe.dist_name, step.wheel_version)
+        existing = published_files(layout.wheelhouse, step)
         if existing and not force and all(is_current(wheel, fingerprint) for wheel in existing):
             outcomes[step.name] = Outcome(
                 step.name,
@@ -83,7 +85,7 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
         except RocwheelsError as exc:
             recipe_logger(step.name).error("failed: %s", exc)
             outcomes[step.name] = Outcome(
-                step.name, "failed", (), time.monotonic() - started, exc.message.splitlines()[0]
+                step.name, "failed", (), time.monotonic() - started, _cause(exc, layout, step)
             )
     return list(outcomes.values())
 
@@ -101,7 +103,7 @@ def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driv
         if built.repaired:  # in the builder image, from the same description
             repaired.append(wheel)
             continue
-        if all(tag.platform == "any" for tag in parse_wheel_filename(wheel.name)[3]):
+        if all(tag.platform == "any" for tag in parse_wheel_name(wheel.name)[3]):
             # No compiled code to repair (flash-attention's Triton backend): only the pins to write.
             pins = step.repair.requires_pins
             repaired.append(pin_wheel(wheel, staging, pins) if pins else wheel)
@@ -115,9 +117,18 @@ def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driv
         smoke_requirements=(*step.expect.smoke_requirements, *build_wheels),
         find_links=layout.wheelhouse if step.dependencies else None,
     )
+    published: list[Path] = []
     for wheel in repaired:
         logger.info("verifying %s", wheel.name)
         report = verify_wheel(wheel, expect, log_file=log_file, scratch=layout.work_dir)
+        if step.variant is not None:
+            # The variant is the verified bytes plus variant.json: only that file is checked again.
+            variant_wheel = make_variant(wheel, staging / "variants", step.variant)
+            findings = variant_findings(variant_wheel, report.gpu_targets)
+            report = replace(report, findings=(*report.findings, *findings))
+            published.append(variant_wheel)
+        if step.variant is None or step.variant.plain:
+            published.append(wheel)
         for line in format_report(report).splitlines():
             logger.info("%s", line)
         if not report.ok:
@@ -125,13 +136,33 @@ def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driv
                 f"{wheel.name} failed verification: " + "; ".join(f.message for f in report.errors()),
                 fix=f"see {log_file}; no wheel of {step.name} was put in the wheelhouse",
             )
-    accepted = tuple(_accept(wheel, layout.wheelhouse) for wheel in repaired)
+    accepted = tuple(_accept(wheel, layout.wheelhouse) for wheel in published)
     # A rebuild may carry another platform tag: older files of this version would shadow it.
-    for stale in set(find_wheels(layout.wheelhouse, recipe.dist_name, step.wheel_version)) - set(accepted):
+    for stale in set(published_files(layout.wheelhouse, step)) - set(accepted):
         logger.info("removing %s, replaced by this build", stale.name)
         stale.unlink()
         record_path(stale).unlink(missing_ok=True)
     return accepted, built.note
+
+
+def _cause(exc: RocwheelsError, layout: Layout, step: BuildDescription) -> str:
+    """The summary's one line: a failed command's first compiler error (from the recipe's log), else the message's first line."""
+    if isinstance(exc, CommandError):
+        found = first_error_in(layout.log_file(step.name))
+        if found:
+            return f"{found} (log: {layout.log_file(step.name)})"
+    return exc.message.splitlines()[0]
+
+
+def published_files(wheelhouse: Path, step: BuildDescription) -> list[Path]:
+    """The wheelhouse files a build of ``step`` makes: the variant wheels of its GPU targets, and the
+    plain wheels when it is the line's plain build (or carries no GPU code). Builds for other target
+    sets own other files: a rebuild for gfx942 never removes the gfx90a variant."""
+    dist, version, variant = step.recipe.dist_name, step.wheel_version, step.variant
+    if variant is None:
+        return find_wheels(wheelhouse, dist, version)
+    plain = find_wheels(wheelhouse, dist, version) if variant.plain else []
+    return [*find_wheels(wheelhouse, dist, version, variant.label), *plain]
 
 
 def _toolchain(plan: Plan) -> dict[str, str]:

@@ -29,11 +29,10 @@ from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock, select_line
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
+from pipeline.config.toolchain import HIP_ENV
 from pipeline.plan import Plan, make_plan
 from pipeline.util.cmd import run
 
-# Without HIP_PLATFORM=amd, hipcc picks the nvcc that is also installed.
-HIP_ENV = {"HIP_PLATFORM": "amd"}
 # Processors worth trying: a session keeps those the local hipcc compiles for (HIP 5.2 rejects
 # gfx942 and lacks device libraries for gfx1100; newer toolchains take more).
 CANDIDATE_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx942", "gfx950", "gfx1030", "gfx1100")

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.config.toolchain import HIP_ENV
 from pipeline.repair.repair import RepairSettings, repair_wheel
 from pipeline.util.cmd import run
 
-HIP_ENV = {"HIP_PLATFORM": "amd"}
 EXT = sysconfig.get_config_var("EXT_SUFFIX")
 PY_INCLUDE = sysconfig.get_paths()["include"]
 ROCM_LIB_DIR = "/opt/rocm/lib"

@@ -84,14 +84,19 @@ def test_torch_comes_first_and_vllm_last_in_the_default_line() -> None:
     vllm = next(job for job in matrix.jobs if job.recipe == "vllm")
     assert set(vllm.needs) == {"torch", "triton", "flash-attention"}
     assert stage["vllm"] > stage["flash-attention"]
-    assert vllm.artifacts[0] == "wheelhouse/vllm-0.34.0+rocm72-*"  # the label vLLM gives itself
+    assert vllm.artifacts[0] == "wheelhouse/vllm-0.34.0+rocm7.2-*"  # the line's label (VLLM_VERSION_OVERRIDE)
 
 
 def test_the_cli_matrix_is_the_plans(tmp_path: Path) -> None:
     runner = CliRunner()
     base = ["--recipes-dir", str(RECIPES), "--wheelhouse", str(tmp_path / "w"), "--work-dir", str(tmp_path / "b")]
-    plan = json.loads(runner.invoke(cli, [*base, "plan", "--json", "--arch", "gfx942", "--rocm", "rocm6.2"]).stdout)
-    result = runner.invoke(cli, [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2"])
+    # The local driver: the container one refuses the line's unpinned image (tested below).
+    plan = json.loads(
+        runner.invoke(
+            cli, [*base, "plan", "--json", "--arch", "gfx942", "--rocm", "rocm6.2", "--driver", "local"]
+        ).stdout
+    )
+    result = runner.invoke(cli, [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--driver", "local"])
     assert result.exit_code == 0, result.output
     matrix = json.loads(result.stdout)
     built = [(job["recipe"], job["python"]) for stage in matrix["stages"] for job in stage]
@@ -100,12 +105,13 @@ def test_the_cli_matrix_is_the_plans(tmp_path: Path) -> None:
     output.write_text("earlier=1\n")
     result = runner.invoke(
         cli,
-        [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--format", "github", "--output", str(output)],
+        [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--driver", "local", "--format", "github"]
+        + ["--output", str(output)],
     )
     assert result.exit_code == 0, result.output
     values = dict(line.split("=", 1) for line in output.read_text().splitlines())
     assert values["earlier"] == "1"  # $GITHUB_OUTPUT is appended to
-    assert [entry["recipe"] for entry in json.loads(values["stage1"])["include"]].count("torch") == 3
+    assert [entry["recipe"] for entry in json.loads(values["stage1"])["include"]].count("torch") == len(plan["python"])
     assert "vllm" in values["stage3"] and values["stage4"] == ""  # after flash-attention
 
 
@@ -120,6 +126,7 @@ def test_a_line_with_more_stages_than_the_workflow_is_refused() -> None:
                 "name": f"r{n}",
                 "distribution": f"r{n}",
                 "wheel_version": "1+rocm7.2",
+                "targets": ["gfx942"],
                 "depends_on": [f"r{n - 1}"] if n else [],
             }
             for n in range(GITHUB_STAGES + 1)
@@ -436,3 +443,58 @@ def test_one_python_of_the_line_per_job() -> None:
     other = "3.9" if sys.version_info[:2] != (3, 9) else "3.8"
     with pytest.raises(RocwheelsError, match="DRIVER=local builds with the Python running rocwheels"):
         select_plan(layout, "rocm-canary", "gfx942", "rocm6.2", "local", python=other)
+
+
+def test_the_default_matrix_builds_each_recipe_for_the_targets_it_supports_and_notes_the_rest(tmp_path: Path) -> None:
+    """`ci matrix` with its defaults (every target of the line) works; a recipe lacking some gets the rest."""
+    from pipeline.config.lock import load_lock
+    from pipeline.config.recipes import load_recipes
+    from pipeline.description import at_line
+
+    line_name = "rocm7.2"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "ci",
+            "matrix",
+            "--driver",
+            "local",
+            "--rocm",
+            line_name,
+            "--format",
+            "json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    matrix = json.loads(result.stdout)
+    line = load_lock(REPO / "recipes").line(line_name)
+    recipes = load_recipes(REPO / "recipes")
+    assert matrix["notes"], "the shipped line lists targets some recipes do not build"
+    for job in (job for stage in matrix["stages"] for job in stage):
+        recipe = at_line(recipes[job["recipe"]], line_name, line, REPO / "recipes")
+        fallback = recipe.targets.fallback
+        supported = {*recipe.targets.supported, *(fallback.supported if fallback else ())}
+        assert set(job["arch"].split(";")) <= supported, job["name"]
+        if set(line.targets) - supported:
+            assert any(note.startswith(job["recipe"] + ":") for note in matrix["notes"]), job["recipe"]
+
+
+def test_the_matrix_refuses_an_unpinned_builder_image_before_anything_fans_out() -> None:
+    from pipeline.config.lock import load_lock
+
+    unpinned = next(name for name, line in load_lock(REPO / "recipes").lock.lines.items() if not line.pinned)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", "ci", "matrix", "--rocm", unpinned, "--format", "github"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode != 0 and "not pinned by digest" in result.stderr, result.stderr
+    assert "stage1=" not in result.stdout

@@ -1,5 +1,6 @@
 """The version lock: the shipped one is consistent; an inconsistent one is refused clearly."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,48 @@ def test_cli_refuses_inconsistent_lock(recipes_dir):
     assert result.returncode == 2  # a wrong lock is bad input
     assert "Traceback" not in result.stderr
     assert "lines.rocm6.2.versions.torch" in result.stderr and "6.4.1" in result.stderr
+
+
+def two_rocm_lines(label: str = "") -> str:
+    """The canary on ROCm 7.2 and ROCm 10.0, the newer line with ``label`` if given."""
+    line = 'rocm = "{rocm}"\nbuilder_image = "registry.example/rocm/dev' + DIGEST + '"\nimage_source = "x"\n'
+    line += 'python = ["3.11"]\ntargets = ["gfx942"]\n'
+    return (
+        'default_line = "rocm7.2"\n'
+        + '[lines."rocm7.2"]\n'
+        + line.format(rocm="7.2.1")
+        + '[lines."rocm7.2".versions]\ncanary = "1.0"\n'
+        + '[lines."rocm10.0"]\n'
+        + line.format(rocm="10.0.0")
+        + (f'label = "{label}"\n' if label else "")
+        + '[lines."rocm10.0".versions]\ncanary = "1.0"\n'
+    )
+
+
+def test_labels_that_sort_against_their_rocm_releases_are_refused(recipes_dir):
+    """PEP 440: +rocm10.0 < +rocm7.2 (text), so an unpinned install would take ROCm 7.2's build."""
+    (recipes_dir / "canary.toml").write_text(recipe_toml("canary"))
+    with pytest.raises(ConfigError) as refused:
+        check(recipes_dir, two_rocm_lines())
+    message = str(refused.value)
+    assert str(recipes_dir / "lock.toml") in message and "lines.rocm10.0.label" in message
+    assert "canary 1.0+rocm10.0 (lines.rocm10.0, ROCm 10.0.0) sorts below canary 1.0+rocm7.2 (lines.rocm7.2" in message
+    assert "a label that sorts above +rocm7.2" in message
+    with pytest.raises(ConfigError, match=re.escape("sorts the same as canary 1.0+rocm7.2")):
+        check(recipes_dir, two_rocm_lines("rocm7.2"))
+    assert check(recipes_dir, two_rocm_lines("therock10.0")) == []
+
+
+def test_a_label_a_package_gives_itself_is_checked_in_its_recipe(recipes_dir):
+    (recipes_dir / "canary.toml").write_text('local_version = "rocm{rocm_short_digits}"\n' + recipe_toml("canary"))
+    with pytest.raises(ConfigError) as refused:
+        check(recipes_dir, two_rocm_lines("therock10.0"))
+    message = str(refused.value)
+    assert str(recipes_dir / "canary.toml") in message and "local_version" in message
+    assert "1.0+rocm100" in message and "1.0+rocm72" in message and "{line_label}" in message
+
+
+def test_a_label_must_be_a_local_version(recipes_dir):
+    (recipes_dir / "canary.toml").write_text(recipe_toml("canary"))
+    with pytest.raises(ConfigError, match="not a PEP 440 local label"):
+        check(recipes_dir, two_rocm_lines("ROCm 10"))

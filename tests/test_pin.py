@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pipeline.build.image import image_id
 from pipeline.config.lock import load_lock
 from pipeline.config.pin import PIN_NOTE, ImageRef
 from pipeline.util.cmd import run
+
+REPO = Path(__file__).resolve().parents[1]
 
 # What podman pushes (OCI) and what Docker pushes; the registry answers with the stored one.
 MANIFEST_TYPES = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
@@ -256,3 +259,94 @@ def test_refreshing_a_pin_without_a_tag_is_refused(tmp_path: Path) -> None:
     result = rocwheels(recipes, "--rocm", "reg.1", "--refresh", path=str(tmp_path))
     assert result.returncode == 1
     assert "names no tag to pull again" in result.stderr and "name:tag@sha256:" in result.stderr
+
+
+def wheels_project(tmp_path: Path, image: str) -> Path:
+    """A recipes folder whose line reg.1 names ``image`` by tag, with the canary recipe to build."""
+    (tmp_path / "recipes").mkdir()
+    recipes = lock_dir(tmp_path / "recipes", image)
+    shutil.copy(REPO / "recipes" / "rocm-canary.toml", recipes)
+    shutil.copytree(REPO / "recipes" / "rocm-canary", recipes / "rocm-canary", ignore=shutil.ignore_patterns("build"))
+    # The line's build-environment lock, resolved from PyPI as a user's `lock constraints` would.
+    resolved = subprocess.run(
+        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes, "lock", "constraints", "--rocm", "reg.1"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert resolved.returncode == 0, resolved.stderr
+    return recipes
+
+
+def make_wheels_cli(recipes: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`rocwheels wheels` as `make wheels` runs it (CI unset unless ``env`` sets it)."""
+    base_env = {k: v for k, v in os.environ.items() if k != "CI"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--recipes-dir",
+            recipes,
+            "--wheelhouse",
+            recipes.parent / "wheelhouse",
+            "--work-dir",
+            recipes.parent / "work",
+            "wheels",
+            "--driver",
+            "container",
+            "--rocm",
+            "reg.1",
+            "--arch",
+            "gfx942",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env={**base_env, **(env or {})},
+        timeout=600,
+    )
+
+
+@pytest.mark.container
+@pytest.mark.network
+def test_make_wheels_pins_an_unpinned_image_on_first_use_and_says_to_commit_it(pushed: str, tmp_path: Path) -> None:
+    recipes = wheels_project(tmp_path, pushed)
+    result = make_wheels_cli(recipes)
+    line = load_lock(recipes).line("reg.1")
+    assert line.pinned and line.builder_image == f"{pushed}@{registry_digest(pushed)}", result.stderr
+    assert "commit" in result.stderr and str(recipes / "lock.toml") in result.stderr
+    # The pushed one-file image is no ROCm builder: what follows may fail, but never for want of a pin.
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert not any("pinned" in line for line in errors) and "Traceback" not in result.stderr, errors
+
+
+@pytest.mark.container
+@pytest.mark.network
+@pytest.mark.parametrize("how", ["--no-pin", "CI"])
+def test_no_pin_and_ci_refuse_an_unpinned_image(pushed: str, tmp_path: Path, how: str) -> None:
+    recipes = wheels_project(tmp_path, pushed)
+    before = (recipes / "lock.toml").read_bytes()
+    result = make_wheels_cli(
+        recipes, *([how] if how == "--no-pin" else []), env={"CI": "true"} if how == "CI" else None
+    )
+    assert result.returncode == 1
+    assert "not pinned by digest" in result.stderr and "rocwheels lock pin --rocm reg.1" in result.stderr
+    assert "ROCM=debian13" in result.stderr and "DRIVER=local" in result.stderr, "the offline routes are named"
+    assert (recipes / "lock.toml").read_bytes() == before
+
+
+@pytest.mark.container
+@pytest.mark.network
+def test_an_unreachable_registry_names_the_cause_and_the_offline_routes(
+    registry: str, insecure_registries: None, podman_engine: Engine, tmp_path: Path
+) -> None:
+    image = f"127.0.0.1:{_free_port()}/rocwheels/pin-test:v1"
+    recipes = wheels_project(tmp_path, image)
+    before = (recipes / "lock.toml").read_bytes()
+    result = make_wheels_cli(recipes)
+    assert result.returncode == 1
+    assert f"could not pull {image}" in result.stderr
+    assert "ROCM=debian13" in result.stderr and "DRIVER=local" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert (recipes / "lock.toml").read_bytes() == before

@@ -353,3 +353,21 @@ def test_a_changed_copy_of_a_repaired_wheel_is_judged_not_copied(
     log = tmp_path / "out.log"
     assert "copied" not in (log.read_text() if log.exists() else "")
     assert not list((tmp_path / "out").glob("*"))  # nothing written, not even a partial file
+
+
+def test_repair_without_a_folder_never_writes_into_the_wheelhouse(
+    tmp_path: Path, built: Built, platform_wheel: Callable[..., Path]
+) -> None:
+    """`rocwheels repair WHEEL` (no -w): the wheelhouse holds verified wheels only; the result goes
+    to the work folder's repaired/."""
+    raw = platform_wheel(tmp_path / "raw", "recentpkg", {f"recentpkg/_recent{EXT}": built.recent})
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    verified = wheelhouse / raw.name
+    verified.write_bytes(b"a verified wheel of the same name")
+    env = {**os.environ, "ROCWHEELS_WHEELHOUSE": str(wheelhouse), "ROCWHEELS_WORK_DIR": str(tmp_path / "work")}
+    out = run([sys.executable, "-m", "pipeline", "--recipes-dir", "none", "repair", raw], env=env, cwd=tmp_path).output
+    (written,) = (tmp_path / "work" / "repaired").glob("recentpkg-*.whl")
+    assert str(written) in out
+    assert [p.name for p in wheelhouse.iterdir()] == [raw.name]
+    assert verified.read_bytes() == b"a verified wheel of the same name"

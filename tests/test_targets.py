@@ -1,7 +1,15 @@
+import logging
+import re
+from pathlib import Path
+
 import pytest
 
+from pipeline.config.gpu_processors import gpu_processors, processor_table, warn_if_unverified
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets, runs_on
-from pipeline.errors import RocwheelsError
+from pipeline.errors import ConfigError, RocwheelsError
+from pipeline.wheel.elf import amdgpu_processor
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
 
 @pytest.mark.parametrize(
@@ -70,3 +78,56 @@ def test_generic_code_runs_on_the_processors_llvm_lists():
     assert runs_on("gfx11-generic", "gfx1100") and runs_on("gfx11-generic", "gfx1153")
     assert runs_on("gfx9-4-generic", "gfx942") and runs_on("gfx942", "gfx942")
     assert not runs_on("gfx11-generic", "gfx1200") and not runs_on("gfx942", "gfx90a")
+
+
+# --- the processor table (pipeline/data/gfx-targets.toml) -------------------------------------
+
+
+def test_every_elf_machine_value_maps_back_to_its_name():
+    table = gpu_processors()
+    for name, entry in table.by_name.items():
+        assert table.by_mach[entry.mach].name == name
+        assert amdgpu_processor(0xB00 | entry.mach) == name  # feature bits (xnack on, sramecc off) ignored
+
+
+def test_generic_targets_serve_the_processors_naming_them():
+    table = gpu_processors()
+    assert table.by_name["gfx942"].generic == "gfx9-4-generic"
+    assert table.by_name["gfx9-4-generic"].serves == ("gfx942",)
+    assert table.describe("gfx9-4-generic") == "generic target for gfx942"
+    for entry in table.by_name.values():
+        assert all(table.by_name[p].generic == entry.name for p in entry.serves)
+
+
+def test_table_covers_every_processor_of_the_recipes_and_the_lock():
+    # Every quoted processor name: targets.supported, targets.fallback, per-release and lock line targets.
+    named = {name for path in RECIPES.glob("*.toml") for name in re.findall(r'"(gfx[0-9a-z-]+)"', path.read_text())}
+    assert {"gfx90a", "gfx942", "gfx1250"} <= named <= set(gpu_processors().by_name)
+
+
+def test_an_unverified_processor_is_warned_about_once_when_used(caplog):
+    unverified = next(name for name, entry in gpu_processors().by_name.items() if entry.unverified and entry.family)
+    verified = next(name for name, entry in gpu_processors().by_name.items() if not entry.unverified and entry.family)
+    warn_if_unverified.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="rocwheels"):
+        parse_targets(verified)
+        assert not caplog.records, "a verified processor warns of nothing"
+        parse_targets(f"{unverified};{verified}")
+        parse_targets(unverified)
+    (record,) = caplog.records
+    assert unverified in record.getMessage() and "unverified" in record.getMessage()
+
+
+@pytest.mark.parametrize(
+    "document, field",
+    [
+        ({"processors": {"gfx1": {"mach": 0x20}, "gfx2": {"mach": 0x20}}}, "gfx2"),
+        ({"processors": {"gfx1": {"mach": 0x20, "generic": "gfx-generic"}}}, "processors.gfx1.generic"),
+        ({"processors": {"gfx1": {"mach": "0x20"}}}, "processors.gfx1.mach"),
+        ({"processors": {"gfx1": {"mach": 0x20}}, "generic": {"gfx1": {"mach": 0x51}}}, "gfx1"),
+    ],
+)
+def test_a_broken_table_names_the_field(document, field):
+    with pytest.raises(ConfigError) as caught:
+        processor_table(document)
+    assert caught.value.field == field and caught.value.file.endswith("gfx-targets.toml")

@@ -13,6 +13,8 @@ from conftest import REPO, canary_plan
 
 from pipeline.config.layout import Layout
 from pipeline.wheel.analyze import analyze_wheel
+from pipeline.wheel.archive import split_variant
+from pipeline.wheel.variant import read_variant, served_processors
 from pipeline.wheels import make_wheels
 
 pytestmark = pytest.mark.hipcc
@@ -31,15 +33,28 @@ def test_verified_canary_lands_in_the_wheelhouse(tmp_path, host_line, canary_tar
     plan = canary_plan(layout, host_line, canary_targets)
     (outcome,) = make_wheels(plan, layout)
     assert outcome.status == "built", outcome.detail
-    (wheel,) = outcome.wheels
+    # The variant wheel; for the line's default targets (all that hipcc compiles here) also the plain wheel pip takes.
+    (variant,) = [w for w in outcome.wheels if split_variant(w.name)[1] is not None]
+    wheel = layout.wheelhouse / split_variant(variant.name)[0]
+    assert plan.steps[0].variant.plain == (set(canary_targets) == set(host_line[1].targets))
+    assert set(outcome.wheels) == ({variant, wheel} if plan.steps[0].variant.plain else {variant})
+    assert split_variant(variant.name)[1] == plan.steps[0].variant.label
+    if not plan.steps[0].variant.plain:
+        wheel = variant
     assert wheel.parent == layout.wheelhouse
     assert "manylinux" in wheel.name and f"+{host_line[1].local_version}" in wheel.name
     (extension,) = analyze_wheel(wheel).members
     assert set(extension.gpu_targets) == set(canary_targets)
+    assert read_variant(variant).processors == served_processors(canary_targets)
     log = layout.log_file("rocm-canary").read_text()
     assert "auditwheel verdict" in log and "pip install" in log
     (again,) = make_wheels(plan, layout)
-    assert again.status == "up to date" and again.wheels == outcome.wheels
+    assert again.status == "up to date" and set(again.wheels) == set(outcome.wheels)
+    # Another target set is another variant beside them, never a file of the same name.
+    (one,) = make_wheels(canary_plan(layout, host_line, canary_targets[:1]), layout)
+    (only,) = one.wheels
+    assert split_variant(only.name) == (split_variant(variant.name)[0], canary_targets[0])
+    assert set(layout.wheelhouse.glob("*.whl")) == {*outcome.wheels, only}
 
 
 def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, host_line, canary_targets):
@@ -55,7 +70,7 @@ def test_failed_verification_leaves_the_wheelhouse_empty(tmp_path, host_line, ca
     assert "rocm_canary.missing" in layout.log_file("rocm-canary").read_text()
 
 
-def test_make_wheels_for_the_canary(tmp_path, canary_targets):
+def test_make_wheels_for_the_canary(tmp_path, host_line, canary_targets):
     """The issue's own command line: make wheels ARCH=... RECIPES=rocm-canary DRIVER=local."""
     env = {
         **os.environ,
@@ -70,11 +85,19 @@ def test_make_wheels_for_the_canary(tmp_path, canary_targets):
         text=True,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert len(list((tmp_path / "wheelhouse").glob("rocm_canary-*manylinux*.whl"))) == 1
+    # The variant wheel of the targets asked for, and the plain wheel when they are all the line's.
+    plain = set(canary_targets) == set(host_line[1].targets)
+    assert len(list((tmp_path / "wheelhouse").glob("rocm_canary-*manylinux*.whl"))) == (2 if plain else 1)
 
 
 def test_demo_end_to_end(tmp_path):
-    """make demo's job: build, repair, verify, publish to pypiserver, install, smoke test; no server left."""
+    """make demo's job: build, repair, verify, publish to pypiserver, install, smoke test; no server
+    left, and the user's wheelhouse as it was."""
+    users = tmp_path / "wheelhouse"
+    users.mkdir()
+    theirs = users / "rocm_canary-0.1.0+rocm5.2-cp311-cp311-manylinux_2_5_x86_64.whl"
+    theirs.write_bytes(b"a teammate's verified wheel")
+    before = {path.name: path.read_bytes() for path in users.iterdir()}
     env = {
         **os.environ,
         "ROCWHEELS_WHEELHOUSE": str(tmp_path / "wheelhouse"),
@@ -92,3 +115,5 @@ def test_demo_end_to_end(tmp_path):
         ["pgrep", "-f", "pypiserver(_records)? run .*rocwheels-demo-"], capture_output=True, text=True
     )
     assert servers.stdout == "", "a process of the demo is still running"
+    assert {path.name: path.read_bytes() for path in users.iterdir()} == before
+    assert list((tmp_path / "work" / "demo" / "wheelhouse").glob("rocm_canary-*.whl"))

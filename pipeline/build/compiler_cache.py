@@ -24,10 +24,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pipeline.errors import RocwheelsError
-from pipeline.util.cmd import run
+from pipeline.util.cmd import Result, run
 
 SETTING = "ROCWHEELS_SCCACHE"
 # sccache's own login and endpoint variables: passed on to builds in containers where set.
@@ -136,14 +137,17 @@ class SccacheServer:
             return f"sccache: no statistics ({self.cache.location})"
         return sccache_note(counters, self.cache.location)
 
-    def _sccache(self, *args: str, check: bool = True):
+    def _sccache(self, *args: str, check: bool = True) -> Result:
         return run([self.binary, *args], env=self.env, check=check, redact=(self.cache.secret,), quiet=True)
 
 
-def sccache_note(counters: Mapping[str, object], location: str) -> str:
-    """``sccache: 100% hits (1 of 1 compilations), cache redis://host:6379 (prefix ...)``."""
-    hits = sum(counters.get("cache_hits", {}).get("counts", {}).values())  # type: ignore[union-attr]
-    misses = sum(counters.get("cache_misses", {}).get("counts", {}).values())  # type: ignore[union-attr]
+def sccache_note(counters: Mapping[str, Any], location: str) -> str:
+    """``sccache: 100% hits (1 of 1 compilations), cache redis://host:6379 (prefix ...)``.
+
+    ``counters``: the ``stats`` object of ``sccache --show-stats --stats-format json``.
+    """
+    hits: int = sum(counters.get("cache_hits", {}).get("counts", {}).values())
+    misses: int = sum(counters.get("cache_misses", {}).get("counts", {}).values())
     calls = hits + misses
     rate = f"{100 * hits // calls}% hits ({hits} of {calls} compilations)" if calls else "no cacheable compilation"
     return f"sccache: {rate}, cache {location}"
@@ -152,4 +156,5 @@ def sccache_note(counters: Mapping[str, object], location: str) -> str:
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+        port: int = probe.getsockname()[1]
+        return port

@@ -25,6 +25,7 @@ smoke test.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -41,18 +42,21 @@ from pipeline.build.compiler_cache import SCCACHE_VARIABLES, RemoteCache, remote
 from pipeline.build.engine import Engine, detect_engine
 from pipeline.build.image import build_image
 from pipeline.build.local import BuiltWheel, accepted_wheels, start_log
-from pipeline.build.sources import cache_dir, prepare_source
-from pipeline.config.layout import Layout, fresh_dir
+from pipeline.build.sources import prepare_source
+from pipeline.config.layout import Layout, cache_dir, fresh_dir
 from pipeline.config.lock import Line
 from pipeline.config.recipes import LOCK_FILE, Smoke
 from pipeline.config.rocm_wheels import BUILDER_ROCM_WHEELS
-from pipeline.description import BuildDescription, python_tag
+from pipeline.config.toolchain import HIP_ENV, python_tag
+from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.util.cmd import run
 from pipeline.util.log import recipe_logger
 from pipeline.verify.smoke import gpu_present
 from pipeline.wheels import Driver
+
+log = logging.getLogger("rocwheels")
 
 # Where cibuildwheel puts the working directory in the container (cibuildwheel/platforms/linux.py).
 # Only CIBW_ENVIRONMENT needs it spelled out: commands use its {project} placeholder.
@@ -95,6 +99,13 @@ def ccache_dir() -> Path:
     return Path(configured) if configured else cache_dir() / "ccache"
 
 
+# Where no registry is reachable, these build without pulling anything.
+OFFLINE_ROUTES = (
+    "build a Debian base here (`rocwheels image base --suite trixie`) and use its line (ROCM=debian13), "
+    "or build with this host's ROCm (DRIVER=local)"
+)
+
+
 def require_pinned(line_name: str, line: Line, recipes_dir: Path) -> None:
     """Refuse a registry base image named by a tag: it can move, so one lock could build different wheels.
 
@@ -105,8 +116,36 @@ def require_pinned(line_name: str, line: Line, recipes_dir: Path) -> None:
             f"{recipes_dir / LOCK_FILE}: the builder image of ROCm line {line_name} ({line.builder_image}) is not "
             "pinned by digest: a tag can move, so the same lock could build different wheels",
             # Pulls the tag, reads its digest and writes it into the lock (pipeline/config/pin.py).
-            fix=f"rocwheels lock pin --rocm {line_name}",
+            fix=f"rocwheels lock pin --rocm {line_name} (`make wheels` does it itself outside CI unless --no-pin); "
+            f"offline: {OFFLINE_ROUTES}",
         )
+
+
+def pin_on_first_use(line_name: str, line: Line, recipes_dir: Path, engine_factory: Callable[[], Engine]) -> bool:
+    """Pin a line's registry image by the digest its tag serves now (trust on first use); True when the lock changed.
+
+    The pull's failure names its cause and the routes that need no registry.
+    """
+    from pipeline.config.pin import pin_line
+
+    if line.pinned:
+        return False
+    log.warning(
+        "the builder image of line %s (%s) is not pinned: pulling it once and writing its digest into %s",
+        line_name,
+        line.builder_image,
+        recipes_dir / LOCK_FILE,
+    )
+    try:
+        result = pin_line(recipes_dir, line_name, engine_factory)
+    except RocwheelsError as exc:
+        raise RocwheelsError(exc.message, fix=f"{exc.fix}; or, offline: {OFFLINE_ROUTES}") from None
+    log.warning(
+        "pinned %s: commit %s so every later build (and CI) uses exactly this image",
+        result.image,
+        recipes_dir / LOCK_FILE,
+    )
+    return result.status == "pinned"
 
 
 def builder_image(
@@ -214,7 +253,7 @@ def cibuildwheel_env(
         )
     launcher = "sccache" if shared else "ccache"
     defaults = {
-        "HIP_PLATFORM": "amd",
+        **HIP_ENV,
         **({"SCCACHE_BASEDIRS": CONTAINER_PROJECT} if shared else {"CCACHE_DIR": CONTAINER_CCACHE}),
         "CMAKE_C_COMPILER_LAUNCHER": launcher,
         "CMAKE_CXX_COMPILER_LAUNCHER": launcher,

@@ -7,14 +7,14 @@ import re
 import shutil
 from pathlib import Path
 
+from pipeline.config.toolchain import HIP_ENV, ROCM_PATH
 from pipeline.util.cmd import run
-
-HIP_ENV = {"HIP_PLATFORM": "amd"}  # hipcc would pick an installed nvcc otherwise
 
 
 def host_rocm_version() -> str | None:
-    """``major.minor`` of the host ROCm: ``$ROCM_PATH/.info/version`` (AMD's packages) or hipcc's HIP version (distribution packages)."""
-    info = Path(os.environ.get("ROCM_PATH", "/opt/rocm")) / ".info" / "version"
+    """``major.minor`` of the host ROCm: ``$ROCM_PATH/.info/version`` (AMD's packages) or hipcc's
+    HIP version (distribution packages)."""
+    info = Path(os.environ.get("ROCM_PATH", ROCM_PATH)) / ".info" / "version"
     if info.is_file():
         match = re.match(r"(\d+\.\d+)", info.read_text())
         if match:

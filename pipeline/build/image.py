@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from pipeline.build.engine import Engine
+from pipeline.config.toolchain import ROCM_PATH
 from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
 
@@ -40,7 +41,7 @@ def build_image(
     python_versions: Sequence[str],
     engine: Engine,
     *,
-    rocm_path: str = "/opt/rocm",
+    rocm_path: str = ROCM_PATH,
     rocm_archs: Sequence[str] = ("gfx90a", "gfx942"),
     rocm_wheels: Sequence[str] = (),
     rocm_wheels_index_url: str = "",

@@ -6,7 +6,6 @@ wheel there.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -14,8 +13,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from packaging.utils import parse_wheel_filename
 
 from pipeline.build.compiler_cache import RemoteCache, SccacheServer, remote_cache
 from pipeline.build.sources import fetch_build_wheels, prepare_source
@@ -25,7 +22,8 @@ from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.util.cmd import run
-from pipeline.util.log import recipe_logger
+from pipeline.util.log import RecipeLogger, recipe_logger
+from pipeline.wheel.archive import parse_wheel_name, split_variant
 
 
 @dataclass(frozen=True)
@@ -119,22 +117,27 @@ def start_log(step: BuildDescription, layout: Layout, where: str) -> Path:
     return log_file
 
 
-def _build_venv(
-    step: BuildDescription, layout: Layout, venv: Path, log_file: Path, logger: logging.LoggerAdapter
-) -> Path:
+def _build_venv(step: BuildDescription, layout: Layout, venv: Path, log_file: Path, logger: RecipeLogger) -> Path:
     """A fresh venv with pypa/build, the recipe's build requirements and its dependencies' wheels."""
     run([sys.executable, "-m", "venv", venv], log_file=log_file, logger=logger)
     for name, version in step.dependencies:
         accepted_wheels(layout.wheelhouse, name, version)  # fail early and clearly if one is missing
     # pip picks the dependency wheel matching this Python from the wheelhouse.
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    pip: list[str | os.PathLike[str]] = [
+        venv / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "-q",
+    ]
     if step.constraints:
         # The line's locked build environment, every file hash-checked; what follows is satisfied by it.
         run([*pip, "--require-hashes", "--no-deps", "-r", step.constraints], log_file=log_file, logger=logger)
     build_wheels = fetch_build_wheels(step.recipe, layout.recipes_dir, logger)
     if build_wheels:
         # Prebuilt wheels the package is built against (hash-checked when fetched). No bytecode:
-        # a throwaway venv, and torch's thousands of modules would take minutes to compile.
+        # a throwaway venv, and compiling torch's thousands of modules is most of an install's time.
         run([*pip, "--no-compile", *build_wheels], log_file=log_file, logger=logger)
     if step.rocm_wheels:
         run(
@@ -143,17 +146,19 @@ def _build_venv(
             logger=logger,
         )
     pins = [f"{name}=={version}" for name, version in step.dependencies]
-    links = ["--find-links", layout.wheelhouse] if pins else []
+    links: list[str | os.PathLike[str]] = ["--find-links", layout.wheelhouse] if pins else []
     run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)
     return venv
 
 
-def find_wheels(folder: Path, dist_name: str, version: str) -> list[Path]:
-    """The wheels of exactly ``dist_name==version`` in ``folder`` (one per Python version)."""
+def find_wheels(folder: Path, dist_name: str, version: str, label: str | None = None) -> list[Path]:
+    """The wheels of exactly ``dist_name==version`` in ``folder`` (one per Python version): the
+    plain ones, or with ``label`` the variant wheels of that label."""
     found = []
     for wheel in sorted(folder.glob("*.whl")):
-        name, wheel_version, _, _ = parse_wheel_filename(wheel.name)
-        if name.replace("-", "_") == dist_name and str(wheel_version) == version:
+        name, wheel_version, _, _ = parse_wheel_name(wheel.name)
+        same = name.replace("-", "_") == dist_name and str(wheel_version) == version
+        if same and split_variant(wheel.name)[1] == label:
             found.append(wheel)
     return found
 
@@ -174,7 +179,7 @@ def _the_wheel(step: BuildDescription, dist: Path, log_file: Path) -> Path:
         raise RocwheelsError(
             f"{step.name}: the build produced {len(wheels)} wheels in {dist}, expected one", fix=f"see {log_file}"
         )
-    version = str(parse_wheel_filename(wheels[0].name)[1])
+    version = str(parse_wheel_name(wheels[0].name)[1])
     if version != step.wheel_version:
         raise RocwheelsError(
             f"{step.name}: built version {version}, the lock expects {step.wheel_version}",

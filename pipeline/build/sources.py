@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import http.client
-import logging
-import os
 import shutil
 import tarfile
 import tempfile
@@ -18,15 +15,15 @@ from pipeline.config.layout import cache_dir
 from pipeline.config.recipes import Recipe, recipe_path
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.util.cmd import run
+from pipeline.util.files import atomic_write, file_sha256
+from pipeline.util.log import RecipeLogger
 
 # Build products a source folder of this repo may hold from a manual build; never copied.
 IGNORED_NAMES = ("build", "dist", "__pycache__", ".git")
 _IGNORED = shutil.ignore_patterns(*IGNORED_NAMES, "*.egg-info")
 
 
-def prepare_source(
-    recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: Path, logger: logging.LoggerAdapter
-) -> Path:
+def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: Path, logger: RecipeLogger) -> Path:
     """Lay the recipe's source out in ``dest`` (emptied first); return the folder to build."""
     if dest.exists():
         shutil.rmtree(dest)
@@ -76,7 +73,7 @@ def prepare_source(
     return root
 
 
-def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.LoggerAdapter) -> list[Path]:
+def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: RecipeLogger) -> list[Path]:
     """The recipe's build wheels, downloaded once into the cache and hash-checked, under their own file names."""
     return [
         _download(
@@ -92,7 +89,7 @@ def fetch_build_wheels(recipe: Recipe, recipes_dir: Path, logger: logging.Logger
 
 
 def _download(
-    url: str, sha256: str, recipe_file: Path, field: str, logger: logging.LoggerAdapter, *, target: Path | None = None
+    url: str, sha256: str, recipe_file: Path, field: str, logger: RecipeLogger, *, target: Path | None = None
 ) -> Path:
     """Download once into the cache, keyed by the expected hash; a mismatch deletes the file.
 
@@ -104,17 +101,16 @@ def _download(
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("downloading %s", url)
-    partial = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False)
-    try:
-        with partial:
-            try:
-                with urllib.request.urlopen(url, timeout=60) as response:
-                    shutil.copyfileobj(response, partial)
-            except (OSError, ValueError, http.client.HTTPException) as exc:
-                raise RocwheelsError(
-                    f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache"
-                ) from None
-        digest = file_sha256(Path(partial.name))
+    # 0o600: the cache's downloads stay private to their user, as they always were.
+    with atomic_write(target, mode=0o600) as partial:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                shutil.copyfileobj(response, partial)
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise RocwheelsError(
+                f"cannot download {url}: {exc}", fix="check the URL and the network, or place the file in the cache"
+            ) from None
+        digest = file_sha256(partial)
         if digest != sha256:
             raise ConfigError(
                 recipe_file,
@@ -122,19 +118,7 @@ def _download(
                 f"{url} has sha256 {digest}, the recipe expects {sha256}",
                 fix=f"if the new file is trusted, update {field}; otherwise the download was tampered with or the URL changed",
             )
-        os.replace(partial.name, target)
-    except BaseException:
-        Path(partial.name).unlink(missing_ok=True)
-        raise
     return target
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _unpack(archive: Path, dest: Path) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from pipeline.config.lock import LockFile
 from pipeline.config.recipes import LOCK_FILE, RecipeFile
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.util.cmd import run
+from pipeline.util.files import atomic_write
 
 FOLDER = "constraints"
 _HEADER = "# rocwheels-inputs: sha256="
@@ -78,15 +78,14 @@ def compile_constraints(recipes: dict[str, RecipeFile], lock_file: LockFile, lin
                 resolved,
             ]
         )
-        partial = Path(scratch) / "constraints.txt"
-        partial.write_text(
+        text = (
             f"{_HEADER}{_input_digest(requirements, line.python)}\n"
             f"# The build environments of line {line_name} (Python {', '.join(line.python)}): installed with\n"
             f"# pip install --require-hashes --no-deps -r. Refresh: {refresh_command(line_name)}\n"
             + resolved.read_text()
         )
-        os.chmod(partial, 0o644)
-        os.replace(partial, target)
+        with atomic_write(target, mode=0o644) as partial:
+            partial.write(text.encode())
     return target
 
 

@@ -40,5 +40,10 @@ class Layout:
     def raw(self, recipe: str) -> Path:
         return self.work_dir / "raw" / recipe
 
+    @property
+    def repaired(self) -> Path:
+        """Where ``rocwheels repair`` writes without ``-w``: repaired is not verified, so not the wheelhouse."""
+        return self.work_dir / "repaired"
+
     def staging(self, recipe: str) -> Path:
         return self.work_dir / "staging" / recipe

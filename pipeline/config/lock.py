@@ -7,6 +7,7 @@ refuses a line whose versions break a rule, naming both sides and what is allowe
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from dataclasses import dataclass
@@ -16,11 +17,12 @@ from typing import Annotated, Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from pydantic import AfterValidator, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from pipeline.config.models import Model, read_toml, validate
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, recipe_path
-from pipeline.config.targets import known_processor_list
+from pipeline.config.targets import GpuTarget, known_processor_list, parse_targets
+from pipeline.config.toolchain import ROCM_PATH, rocm_lib_dir
 from pipeline.errors import ConfigError, RocwheelsError
 
 log = logging.getLogger("rocwheels")
@@ -79,11 +81,17 @@ class Line(Model):
     python: tuple[str, ...]
     targets: Annotated[tuple[str, ...], AfterValidator(known_processor_list)]
     targets_source: str = ""
-    rocm_path: str = "/opt/rocm"  # "" for a distribution's ROCm in the system folders
+    # The +local label of the line's wheels, where rocm<major>.<minor> would sort against another
+    # line's ROCm release (PEP 440 compares "rocm10" and "rocm7" as text; recipes/README.md).
+    label: str | None = None
+    rocm_path: str = ROCM_PATH  # "" for a distribution's ROCm in the system folders
     rocm_lib_dir: str | None = None
     platform: str | None = None
     # Build environment this line's toolchain wants for every recipe (over the recipe's own env).
     env: dict[str, str] = {}
+    # SOURCE_DATE_EPOCH of every build on the line and the time of every member of its wheels, so
+    # that the same inputs give the same bytes (recipes/README.md); None: 1980-01-01, zip's first.
+    source_date_epoch: Annotated[int, Field(ge=0)] | None = None
     versions: dict[str, str]
 
     @field_validator("rocm")
@@ -92,6 +100,15 @@ class Line(Model):
         if not re.fullmatch(r"\d+\.\d+(\.\d+)?", rocm):
             raise ValueError(f"{rocm!r} is not a ROCm release such as 6.2 or 6.2.4")
         return rocm
+
+    @field_validator("label")
+    @classmethod
+    def _label(cls, label: str | None) -> str | None:
+        if label is not None and not re.fullmatch(r"[a-z0-9]+(\.[a-z0-9]+)*", label):
+            raise ValueError(
+                f"{label!r} is not a PEP 440 local label: lower-case letters and digits in dot-separated parts, such as therock10.0"
+            )
+        return label
 
     @model_validator(mode="after")
     def _pinned(self) -> Line:
@@ -129,16 +146,29 @@ class Line(Model):
 
     @property
     def local_version(self) -> str:
-        """The PEP 440 local label wheels of this line carry: ``rocm6.2``."""
+        """The PEP 440 local label wheels of this line carry: its ``label``, else ``rocm6.2`` for ROCm 6.2.x.
+
+        PyTorch's scheme (``torch-2.5.1+rocm6.2`` on download.pytorch.org/whl/rocm6.2), which
+        TheRock follows with the whole release (``+rocm7.0.0``: ROCm/TheRock
+        build_tools/github_actions/determine_version.py). Both sort by release only while the
+        major has one digit; ``check_lock`` refuses lines whose labels sort otherwise.
+        """
+        if self.label:
+            return self.label
         major, minor = self.rocm.split(".")[:2]
         return f"rocm{major}.{minor}"
+
+    @property
+    def default_targets(self) -> tuple[GpuTarget, ...]:
+        """What a build of this line is for when no ARCH is given: every target the line lists."""
+        return parse_targets(";".join(self.targets))
 
     @property
     def lib_dir(self) -> str | None:
         """The machine's ROCm library folder; None when ROCm comes from pip packages."""
         if self.rocm_provider == "wheels":
             return None
-        return self.rocm_lib_dir or f"{self.rocm_path.rstrip('/') or '/usr'}/lib"
+        return self.rocm_lib_dir or rocm_lib_dir(self.rocm_path)
 
 
 class Rule(Model):
@@ -219,6 +249,18 @@ class LockFile:
         return self.lock.lines[name]
 
 
+def rocm_values(line: Line) -> dict[str, str]:
+    """The placeholders of recipes' local labels: ``rocm6.2`` (the line's label), ``7.2.1``, ``7.2``, ``721``, ``72``."""
+    parts = line.rocm.split(".")
+    return {
+        "line_label": line.local_version,
+        "rocm": line.rocm,
+        "rocm_short": ".".join(parts[:2]),
+        "rocm_digits": "".join(parts)[:3],
+        "rocm_short_digits": "".join(parts[:2]),
+    }
+
+
 def _is_unverified(source: str) -> bool:
     return source.strip().lower().startswith(UNVERIFIED)
 
@@ -268,6 +310,7 @@ def check_lock(lock_file: LockFile, recipes: dict[str, RecipeFile], *, warn_for:
             warnings.append(f"{path}: {where}.builder_image is unverified ({line.image_source}){pin}")
         if _is_unverified(line.targets_source):
             warnings.append(f"{path}: {where}.targets is unverified ({line.targets_source})")
+    _check_label_order(path, lock, recipes)
     for index, rule in enumerate(lock.rules):
         if index in used_rules and _is_unverified(rule.source):
             warnings.append(f"{path}: rules[{index}] ({rule.package} {rule.versions}) is unverified: {rule.source}")
@@ -296,6 +339,54 @@ def _check_line_recipes(path: Path, where: str, line: Line, recipes: dict[str, R
                     f"{package} depends on {dep}, which this line does not pin",
                     fix=f"add {dep} to [{where}.versions]",
                 )
+
+
+def _check_label_order(path: Path, lock: Lock, recipes: dict[str, RecipeFile]) -> None:
+    """Builds of one version on two lines must sort as their ROCm releases do: an install that does
+    not pin the label takes the highest, and two lines must never name different builds alike."""
+    builds: dict[tuple[str, str], list[tuple[str, Line, str]]] = {}
+    for name, line in lock.lines.items():
+        for package, version in line.versions.items():
+            builds.setdefault((package, version), []).append((name, line, _label_template(recipes[package], version)))
+    for (package, version), found in builds.items():
+        template = found[0][2]
+        labelled = [(name, line, template.format_map(rocm_values(line))) for name, line, _ in found]
+        for older, newer in itertools.combinations(sorted(labelled, key=lambda build: Version(build[1].rocm)), 2):
+            (old_name, old_line, old_label), (new_name, new_line, new_label) = older, newer
+            if Version(old_line.rocm) == Version(new_line.rocm) or Version(f"{version}+{old_label}") < Version(
+                f"{version}+{new_label}"
+            ):
+                continue
+            recipe = recipes[package]
+            own = recipe.versions[version].local_version is not None
+            where, field = (
+                (path, f"lines.{new_name}.label")
+                if template == "{line_label}"
+                else (
+                    recipe_path(path.parent, package),
+                    f"versions.{version}.local_version" if own else "local_version",
+                )
+            )
+            raise ConfigError(
+                where,
+                field,
+                f"{package} {version}+{new_label} (lines.{new_name}, ROCm {new_line.rocm}) sorts "
+                + ("the same as" if old_label == new_label else "below")
+                + f" {package} {version}+{old_label} (lines.{old_name}, ROCm {old_line.rocm}): an unpinned install "
+                "would take the older ROCm's build (PEP 440 compares a label's parts that hold letters as text: "
+                "rocm10.0 < rocm7.2)",
+                fix=(
+                    f"give lines.{new_name} a label that sorts above +{old_label}"
+                    if template == "{line_label}"
+                    else f"make {package}'s build take the line's label: local_version = \"{{line_label}}\" and the "
+                    "package's version override in [env]"
+                )
+                + " (recipes/README.md, Local labels)",
+            )
+
+
+def _label_template(recipe: RecipeFile, version: str) -> str:
+    return recipe.versions[version].local_version or recipe.local_version
 
 
 def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) -> set[int]:
@@ -349,6 +440,6 @@ def select_line(lock_file: LockFile, name: str | None, host_rocm: str | None = N
         raise RocwheelsError(
             f"no line in {lock_file.path} is for this host's ROCm {host_rocm}",
             fix=f'add a line with rocm = "{host_rocm}", or build in the container (DRIVER=container ROCM=<line>); lines: '
-            + ", ".join(f"{n} (ROCm {l.rocm})" for n, l in lock_file.lock.lines.items()),
+            + ", ".join(f"{line_name} (ROCm {line.rocm})" for line_name, line in lock_file.lock.lines.items()),
         )
     return lock_file.lock.default_line, lock_file.line(lock_file.lock.default_line)

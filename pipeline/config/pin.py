@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from pipeline.config.lock import UNVERIFIED, Lock, load_lock, select_line
 from pipeline.config.models import validate
 from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
+from pipeline.util.files import atomic_write
 
 log = logging.getLogger("rocwheels")
 
@@ -182,10 +182,6 @@ def write_pin(lock_path: Path, line_name: str, image: str, source: str) -> None:
     text = tomlkit.dumps(document)
     # The edited lock must still be a valid lock before it replaces the old one.
     validate(Lock, tomlkit.parse(text).unwrap(), lock_path)
-    pending = lock_path.with_name(f".{lock_path.name}.pin-tmp")
-    try:
-        pending.write_text(text, encoding="utf-8")
-        os.replace(pending, lock_path)
-    finally:
-        pending.unlink(missing_ok=True)
+    with atomic_write(lock_path) as pending:
+        pending.write(text.encode("utf-8"))
     log.info("%s: [lines.%s] builder_image = %s", lock_path, line_name, image)

@@ -21,6 +21,7 @@ from pipeline.repair.policy import LinkPackage
 PLACEHOLDERS = {
     "version": "the recipe's version, e.g. 2.5.1",
     "local_version": "the recipe's resolved local version label, e.g. rocm6.2",
+    "line_label": "the lock line's local version label, e.g. rocm6.2 (its label, else rocm<major>.<minor>)",
     "rocm": "the lock line's ROCm release, e.g. 6.2.4",
     "rocm_short": "major.minor of the ROCm release, e.g. 6.2",
     "rocm_digits": "the first three digits of the ROCm release, e.g. 624",
@@ -31,7 +32,7 @@ PLACEHOLDERS = {
 }
 
 # What a +local label may be made of: the lock line's ROCm release only.
-_LABEL_PLACEHOLDERS = ("rocm", "rocm_short", "rocm_digits", "rocm_short_digits")
+_LABEL_PLACEHOLDERS = ("line_label", "rocm", "rocm_short", "rocm_digits", "rocm_short_digits")
 LOCK_FILE = "lock.toml"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
@@ -211,7 +212,7 @@ class RecipeFile(Model):
     name: str
     distribution: str | None = None
     # The +local label the package's build gives its wheel; most take it from the environment.
-    local_version: Label = "rocm{rocm_short}"
+    local_version: Label = "{line_label}"
     description: str = ""
     build: Build = Build()
     env: EnvTable = {}
@@ -278,7 +279,7 @@ class Recipe(Model):
     name: str
     version: str
     distribution: str | None = None
-    local_version: str = "rocm{rocm_short}"
+    local_version: str = "{line_label}"
     description: str = ""
     source: Source
     build: Build = Build()

@@ -193,11 +193,8 @@ def torch_provider(search_path: Sequence[str]) -> tuple[str, str] | None:
             if not (folder / hip).exists():
                 continue
             relative = _relative_to(folder, torch.parent)
-            if relative is not None and package_of(relative) is not None:
-                return (
-                    "wheels",
-                    f"{hip} from {package_of(relative)} ({folder}){_package_version(torch.parent, package_of(relative))}",
-                )
+            if relative is not None and (package := package_of(relative)) is not None:
+                return "wheels", f"{hip} from {package} ({folder}){_package_version(torch.parent, package)}"
             if folder == torch / "lib":
                 return "bundled", f"{hip} inside torch/lib (PyTorch's own ROCm wheels carry their ROCm)"
             return "system", f"{hip} from {folder}"

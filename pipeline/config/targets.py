@@ -9,12 +9,10 @@ recipe supports.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 
+from pipeline.config.gpu_processors import gpu_processors, warn_if_unverified
 from pipeline.errors import InputError
 
 _TARGET_ID = re.compile(r"^(gfx[0-9a-f]+(?:-[0-9]+)*(?:-generic)?)((?::(?:sramecc|xnack)[+-])*)$")
@@ -29,21 +27,16 @@ class GpuTarget:
         return self.processor + self.features
 
 
-@cache
-def _table() -> dict:
-    return tomllib.loads(resources.files("pipeline").joinpath("data/gfx-targets.toml").read_text())
-
-
 def known_processors() -> dict[str, str]:
     """Processor or generic target name -> what hardware it is, from ``data/gfx-targets.toml``."""
-    table = _table()
-    generic = {name: "generic target for " + ", ".join(members) for name, members in table["generic"].items()}
-    return {**table["targets"], **generic}
+    table = gpu_processors()
+    return {name: table.describe(name) for name in table.by_name}
 
 
 def runs_on(code_target: str, processor: str) -> bool:
     """Whether a code object compiled for ``code_target`` (a processor or a generic target) loads on ``processor``."""
-    return code_target == processor or processor in _table()["generic"].get(code_target, ())
+    entry = gpu_processors().by_name.get(code_target)
+    return code_target == processor or (entry is not None and processor in entry.serves)
 
 
 def known_processor_list(processors: tuple[str, ...]) -> tuple[str, ...]:
@@ -68,6 +61,7 @@ def parse_targets(arch: str) -> tuple[GpuTarget, ...]:
                 fix=f"use AMD processor names such as gfx90a or gfx942; known: {', '.join(known_processors())}",
             )
         target = GpuTarget(match.group(1), match.group(2))
+        warn_if_unverified(target.processor)
         if target not in parsed:
             parsed.append(target)
     if not parsed:

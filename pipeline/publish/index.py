@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from packaging.utils import InvalidWheelFilename, NormalizedName, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename, NormalizedName
 from packaging.version import Version
 
-from pipeline.build.sources import file_sha256
 from pipeline.config.layout import Layout
 from pipeline.errors import RocwheelsError
-from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, PARTIAL_SUFFIX, wheelhouse_lock
+from pipeline.util.files import atomic_write, file_sha256
+from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, wheelhouse_lock
 from pipeline.verify.provenance import Provenance, record_path
-from pipeline.wheel.archive import check_wheel
+from pipeline.wheel.archive import check_wheel, parse_wheel_name, split_variant
+from pipeline.wheel.variant import merge_variants_json, variants_json_name
 
 if TYPE_CHECKING:
     from pipeline.publish.admission import Refused
@@ -44,6 +45,7 @@ class WheelFile:
     project: NormalizedName  # PEP 503 normalized: the name index pages are keyed by
     version: Version  # with its local label, e.g. 2.4.0+rocm6.2
     sha256: str
+    variant: str | None = None  # the PEP 825 variant label of a variant wheel (gfx942), None for a plain wheel
 
     @property
     def label(self) -> str | None:
@@ -65,7 +67,7 @@ def wheel_file(path: Path) -> WheelFile:
     pinned or uploaded is exactly the verified bytes.
     """
     try:
-        project, version, _build, _tags = parse_wheel_filename(path.name)
+        project, version, _build, _tags = parse_wheel_name(path.name)
     except InvalidWheelFilename as exc:
         raise RocwheelsError(
             f"{path}: not a valid wheel file name ({exc})",
@@ -73,7 +75,7 @@ def wheel_file(path: Path) -> WheelFile:
         ) from None
     # Member hashes were checked by verify; the sha256 against the record below covers every byte since.
     check_wheel(path, verify_hashes=False)
-    wheel = WheelFile(path, project, version, file_sha256(path))
+    wheel = WheelFile(path, project, version, file_sha256(path), split_variant(path.name)[1])
     _check_provenance(wheel)
     return wheel
 
@@ -138,6 +140,8 @@ def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
             f"{link} is a real folder; rocwheels keeps it as a link to the newest index",
             fix=f"remove {link} (rocwheels rebuilds it) and run the index build again",
         )
+    # The pages link each release's variants.json: it is written first, from the wheels listed.
+    write_variants_json(w for wheels in lines.values() for w in wheels)
     generation = Path(tempfile.mkdtemp(prefix=GENERATION_PREFIX, dir=wheelhouse))
     pending_link = wheelhouse / f"{generation.name}.link"
     try:
@@ -166,12 +170,38 @@ def _write_line(root: Path, wheels: tuple[WheelFile, ...]) -> None:
     anchors = [f'<a href="{quote(project)}/">{html.escape(project)}</a>' for project in sorted(projects)]
     _write_page(root / "index.html", "Simple index", anchors)
     for project, files in projects.items():
-        # <label>/<project>/ sits three levels below the wheelhouse, where the wheels are.
+        # <label>/<project>/ sits three levels below the wheelhouse, where the wheels and variants.json are.
         anchors = [
-            f'<a href="../../../{quote(w.path.name)}#sha256={w.sha256}">{html.escape(w.path.name)}</a>'
-            for w in sorted(files, key=lambda w: w.path.name)
+            f'<a href="../../../{quote(path.name)}#sha256={sha256}">{html.escape(path.name)}</a>'
+            for path, sha256 in sorted(_listed_files(files))
         ]
         _write_page(root / project / "index.html", f"Links for {project}", anchors)
+
+
+def _listed_files(wheels: list[WheelFile]) -> list[tuple[Path, str]]:
+    """What a project page lists: its wheels and, for a release with variant wheels, its
+    ``{name}-{version}-variants.json`` (written by :func:`write_variants_json`)."""
+    releases = {_release_file(w) for w in wheels if w.variant}
+    return [(w.path, w.sha256) for w in wheels] + [(path, file_sha256(path)) for path in releases]
+
+
+def _release_file(wheel: WheelFile) -> Path:
+    return wheel.path.with_name(variants_json_name(wheel.path.name.split("-", 1)[0], str(wheel.version)))
+
+
+def write_variants_json(wheels: Iterable[WheelFile]) -> tuple[Path, ...]:
+    """Write ``{name}-{version}-variants.json`` beside the wheels of every release with variant wheels:
+    all its variants' variant.json merged, so an installer learns every label from one file. Made
+    again from the wheels each time: a variant added later is in it, one removed is not."""
+    releases: dict[Path, list[Path]] = defaultdict(list)
+    for wheel in wheels:
+        if wheel.variant:
+            releases[_release_file(wheel)].append(wheel.path)
+    for path, variants in sorted(releases.items()):
+        with atomic_write(path) as pending:
+            pending.write(merge_variants_json(sorted(variants)).encode("utf-8"))
+        log.info("%s: %d variant wheels -> %s", path.name, len(variants), path)
+    return tuple(sorted(releases))
 
 
 def _by_project(wheels: tuple[WheelFile, ...]) -> dict[str, list[WheelFile]]:
@@ -226,7 +256,8 @@ def _write_pin_files(
     lines = lines if lines is not None else wheels_by_label(wheelhouse)
     check_pinnable(lines)
     for label, wheels in lines.items():
-        pins = _by_project(wheels)
+        # pip reads no variant file name: a line's pins name its plain wheels.
+        pins = _by_project(tuple(w for w in wheels if w.variant is None))
         use = (
             f"pip install --require-hashes --no-deps -r {file_name(label)}"
             if hashes
@@ -244,13 +275,8 @@ def _write_pin_files(
                 *rocm_pins[label],
             ]
         path = wheelhouse / file_name(label)
-        pending = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
-        try:
-            pending.write_text("\n".join(text) + "\n", encoding="utf-8")
-            os.replace(pending, path)
-        except BaseException:
-            pending.unlink(missing_ok=True)
-            raise
+        with atomic_write(path) as pending:
+            pending.write(("\n".join(text) + "\n").encode("utf-8"))
         log.info("%s: %d pins -> %s", path.name, len(pins), path)
         written.append(path)
     return tuple(written)

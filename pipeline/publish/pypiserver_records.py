@@ -32,7 +32,6 @@ import hashlib
 import hmac
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,8 +41,8 @@ import pypiserver.backend
 from pypiserver.__main__ import main
 from pypiserver.bottle_wrapper import HTTPError, request
 
-from pipeline.build.sources import file_sha256
 from pipeline.publish.serve import UPLOAD_PREFIX
+from pipeline.util.files import atomic_write, file_sha256
 from pipeline.verify.provenance import SUFFIX, Provenance
 
 _PREFIX = "/packages/"
@@ -118,7 +117,8 @@ def _body(environ: dict[str, Any]) -> bytes | None:
         return None
     if not 0 < length <= _MAX_RECORD_BYTES:
         return None
-    return environ["wsgi.input"].read(length)
+    body: bytes = environ["wsgi.input"].read(length)
+    return body
 
 
 def _store(record: Path, wheel: Path, data: bytes | None) -> tuple[int, str]:
@@ -142,15 +142,8 @@ def _store(record: Path, wheel: Path, data: bytes | None) -> tuple[int, str]:
             return 200, "the same record is already here\n"
         return 409, f"another record for {wheel.name} is already here; records are never replaced\n"
     # A dot name: pypiserver lists no hidden file, and readers see the whole record or none.
-    pending = tempfile.NamedTemporaryFile(dir=record.parent, prefix=f".{record.name}.", suffix=".partial", delete=False)
-    try:
-        with pending:
-            pending.write(data)
-        os.chmod(pending.name, 0o644)
-        os.replace(pending.name, record)
-    except BaseException:
-        Path(pending.name).unlink(missing_ok=True)
-        raise
+    with atomic_write(record, mode=0o644) as pending:
+        pending.write(data)
     return 201, f"stored {record.name}\n"
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import re
 import shlex
 import socket
@@ -29,6 +28,7 @@ from urllib.request import urlopen
 from passlib.apache import HtpasswdFile
 
 from pipeline.errors import InputError, RocwheelsError
+from pipeline.util.files import atomic_write
 
 log = logging.getLogger("rocwheels")
 
@@ -47,7 +47,7 @@ UPLOAD_PREFIX = ".rocwheels-upload-"
 class RunningIndex:
     url: str  # where twine uploads (rocwheels publish --repository URL)
     simple_url: str  # what pip reads (--extra-index-url)
-    process: subprocess.Popen = field(repr=False, compare=False)
+    process: subprocess.Popen[bytes] = field(repr=False, compare=False)
 
 
 def add_htpasswd_user(htpasswd: Path, username: str, password: str) -> None:
@@ -67,16 +67,9 @@ def add_htpasswd_user(htpasswd: Path, username: str, password: str) -> None:
     users = _load_htpasswd(htpasswd) if not new else HtpasswdFile(new=True, default_scheme=_HTPASSWD_SCHEME)
     users.set_password(username, password)
     htpasswd.parent.mkdir(parents=True, exist_ok=True)
-    pending = htpasswd.with_name(f".{htpasswd.name}.partial")
-    try:
-        # Private from the first byte written, then one rename: a reader sees the old file or the new one.
-        descriptor = os.open(pending, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as stream:
-            stream.write(users.to_string())
-        os.replace(pending, htpasswd)
-    except BaseException:
-        pending.unlink(missing_ok=True)
-        raise
+    # Private from the first byte written, then one rename: a reader sees the old file or the new one.
+    with atomic_write(htpasswd, mode=0o600) as stream:
+        stream.write(users.to_string())
     log.info("%s: password set for %s", htpasswd, username)
 
 
@@ -221,14 +214,15 @@ def _bindable_port(host: str, probe_host: str, port: int) -> int:
                 fix="use an address of this machine (127.0.0.1, 0.0.0.0) and a port you may open "
                 "(1024 and up without root)",
             ) from None
-        return probe.getsockname()[1]
+        bound: int = probe.getsockname()[1]
+        return bound
 
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _wait_until_answering(process: subprocess.Popen, url: str, timeout: float, log_file: Path | None) -> None:
+def _wait_until_answering(process: subprocess.Popen[bytes], url: str, timeout: float, log_file: Path | None) -> None:
     deadline = time.monotonic() + timeout
     where = f" (log: {log_file})" if log_file else ""
     while time.monotonic() < deadline:
@@ -255,7 +249,7 @@ def _last_line(log_file: Path) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def _stop(process: subprocess.Popen) -> None:
+def _stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.terminate()
         try:

@@ -13,25 +13,35 @@ from __future__ import annotations
 import functools
 import sys
 
+import requests
 import twine.repository
 from requests.adapters import HTTPAdapter
 from twine.__main__ import main
+from twine.package import PackageFile
+from twine.repository import Repository
+from twine.utils import make_requests_session
 
 from pipeline.util.net import network_timeout
 
-_make_session = twine.repository.make_requests_session
+_upload = Repository.upload
 
 
-def _session_without_retries():
-    session = _make_session()
+def _session_without_retries() -> requests.Session:
+    session = make_requests_session()
     for scheme in ("http://", "https://"):
         session.mount(scheme, HTTPAdapter(max_retries=0))
     session.request = functools.partial(session.request, timeout=network_timeout())  # type: ignore[method-assign]
     return session
 
 
+def _upload_once(self: Repository, package: PackageFile, max_redirects: int = 1) -> requests.Response:
+    return _upload(self, package, max_redirects=1)
+
+
+# Repository looks the name up in its own module.
 twine.repository.make_requests_session = _session_without_retries
-twine.repository.Repository.upload = functools.partialmethod(twine.repository.Repository.upload, max_redirects=1)
+# twine's upload command builds its Repository itself: the class is the one place to change.
+Repository.upload = _upload_once  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -370,7 +370,8 @@ def _read_page(opener: OpenerDirector, url: str, timeout: float, *, missing_ok: 
 def _read(opener: OpenerDirector, url: str, timeout: float, *, missing_ok: bool = False) -> bytes | None:
     try:
         with opener.open(url, timeout=timeout) as response:
-            return response.read()
+            body: bytes = response.read()
+            return body
     except HTTPError as exc:
         if exc.code == 404 and missing_ok:
             return None

@@ -83,8 +83,9 @@ def analyze(
 class AnalysisAside:
     """``analyze`` in a process of its own, started on entering (its imports overlap the caller's
     work): the caller patches and deflates meanwhile, and auditwheel's pure-Python analysis does
-    not compete with it for the GIL (in a thread it was twice as slow). Leaving waits for it, or,
-    on an error, stops it; its temporary files go into ``temp`` (the caller's, removed after)."""
+    not compete with it for the GIL (as it would in a thread: benchmarks/README.md). Leaving waits
+    for it, or, on an error, stops it; its temporary files go into ``temp`` (the caller's, removed
+    after)."""
 
     def __init__(self, temp: Path) -> None:
         self._temp = temp
@@ -111,7 +112,7 @@ class AnalysisAside:
     def __exit__(self, failure: type[BaseException] | None, *_: object) -> None:
         if failure is not None:  # its verdict is no longer wanted: do not wait for it
             # (ProcessPoolExecutor.terminate_workers arrives with Python 3.14)
-            for process in list(self._pool._processes.values()):  # type: ignore[attr-defined]
+            for process in list(self._pool._processes.values()):
                 process.kill()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -239,7 +240,7 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     grafts: dict[str, tuple[str, ...]] = {}
     for path, references in abi.full_external_refs.items():
         libraries = references[policy.name].libs
-        missing = [
+        missing: list[str] = [
             soname for soname, found in libraries.items() if found is None and not soname.startswith("libpython")
         ]
         if missing:
@@ -278,7 +279,7 @@ def _graft(judged: Path, part: Path, out: Path) -> Path:
     patcher = ElfPatcher.get_patcher("patchelf", policy.name)
     try:
         with _auditwheel_quiet():
-            written = repair_wheel(
+            written: Path | None = repair_wheel(
                 abi,
                 part,
                 abis=[policy.name, *policy.aliases],

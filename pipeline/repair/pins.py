@@ -14,7 +14,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name
+from packaging.utils import NormalizedName, canonicalize_name
 
 from pipeline.config.recipes import Recipe
 from pipeline.errors import RocwheelsError
@@ -78,9 +78,9 @@ def pin_wheel(wheel: Path, dest_dir: Path, pins: Iterable[str]) -> Path:
     )
 
 
-def exact_requirements(metadata: str) -> dict[str, str]:
+def exact_requirements(metadata: str) -> dict[NormalizedName, str]:
     """The unconditional ``name==version`` requirements of ``metadata``, by canonical name."""
-    exact = {}
+    exact: dict[NormalizedName, str] = {}
     for line in _split(metadata)[0].split("\n"):
         requirement = _requirement(line)
         if requirement is None or requirement.marker is not None:

@@ -40,24 +40,27 @@ from pipeline.config.layout import cache_dir
 
 # pipeline.wheel.elf (pyelftools), pipeline.wheel.archive and pipeline.util.cmd are imported where they are
 # used: a repair that only copies a wheel it wrote before is over before those imports would be.
+from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
-from pipeline.util.log import LOGGER
-from pipeline.wheel.zipwrite import Added, copy_file, extract_members, piecewise_sha256, record_rows, write_stored
+from pipeline.util.log import LOGGER, AnyLogger
+from pipeline.wheel.zipwrite import (
+    Added,
+    copy_file,
+    extract_members,
+    is_stamped,
+    piecewise_sha256,
+    record_rows,
+    write_stored,
+)
 
 if TYPE_CHECKING:
     from pipeline.wheel.analyze import TargetLayout
     from pipeline.wheel.elf import ElfInfo
 
-# Deflate level of the members repair changes (unchanged ones keep their bytes). zlib-ng level 5
-# instead of 6, measured on the changed libraries themselves (4 MiB chunks, one core):
-# cupy-rocm-7-0 14.2.0 (350 MB of ELF): level 6 3.42 CPU-s -> 66.7 MB, 5 2.45 s -> 67.0 MB,
-# 4 2.21 s -> 68.8 MB, 1 0.87 s -> 89.2 MB; jax-rocm7-pjrt 0.12.0 (438 MB): 6 5.44 s -> 130.0 MB,
-# 5 4.66 s -> 130.4 MB, 4 4.13 s -> 132.4 MB, 1 1.55 s -> 163.8 MB. Level 5 costs 0.3-0.4 MB
-# (under 0.5 % of either wheel) for 14-28 % less CPU; level 4 would cost 2-3 % of the wheel on
-# every upload, download and copy.
+# Deflate level of the members repair changes (unchanged ones keep their bytes): level 5 costs under
+# 0.5 % of the wheel for 14-28 % less CPU than 6 (benchmarks/README.md, "Figures behind the code").
 ZIP_LEVEL = 5
-DEFAULT_ROCM_LIB_DIR = "/opt/rocm/lib"
 _NOTED_FILES = 16  # files with the same bytes a cache note vouches for, besides the newest
 _ORIGIN = ("$ORIGIN", "${ORIGIN}")
 
@@ -78,16 +81,20 @@ class RepairSettings:
     :class:`LinkPackage`) are libraries found in other installed packages; ``extra_rpath``
     entries are added to every file that needs an excluded library from outside the wheel;
     ``plat`` is a manylinux tag to insist on (by default auditwheel picks the most compatible);
-    ``requires_pins`` are exact requirements (``torch==2.14.1+rocm7.2``) METADATA must carry.
+    ``requires_pins`` are exact requirements (``torch==2.14.1+rocm7.2``) METADATA must carry;
+    ``source_date_epoch`` (the build's SOURCE_DATE_EPOCH) is every member's time in the repaired
+    wheel, its permissions fixed too, so that a rebuild of the same inputs gives the same bytes
+    (None: a wheel the project cannot describe keeps its own).
     """
 
     excludes: tuple[str, ...] = ()
     # None: ROCm comes from pip packages (a `wheels` line), reached through link_packages.
-    rocm_lib_dir: str | None = DEFAULT_ROCM_LIB_DIR
+    rocm_lib_dir: str | None = field(default_factory=default_rocm_lib_dir)
     link_packages: tuple[str, ...] = ()
     extra_rpath: tuple[str, ...] = ()
     plat: str | None = None
     requires_pins: tuple[str, ...] = ()
+    source_date_epoch: int | None = None
     links: tuple[LinkPackage, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -134,12 +141,21 @@ class RepairSettings:
             "extra_rpath": list(self.extra_rpath),
             "plat": self.plat,
             "requires_pins": list(self.requires_pins),
+            "source_date_epoch": self.source_date_epoch,
         }
 
     @classmethod
     def from_document(cls, data: object, source: Path) -> RepairSettings:
         """Settings from :meth:`document`'s data, read from ``source`` (named in the error)."""
-        fields = {"excludes", "rocm_lib_dir", "link_packages", "extra_rpath", "plat", "requires_pins"}
+        fields = {
+            "excludes",
+            "rocm_lib_dir",
+            "link_packages",
+            "extra_rpath",
+            "plat",
+            "requires_pins",
+            "source_date_epoch",
+        }
         if not isinstance(data, dict) or set(data) != fields:
             raise RocwheelsError(
                 f"{source}: not repair settings (expected the keys {', '.join(sorted(fields))})",
@@ -152,6 +168,7 @@ class RepairSettings:
             extra_rpath=tuple(data["extra_rpath"]),
             plat=data["plat"],
             requires_pins=tuple(data["requires_pins"]),
+            source_date_epoch=data["source_date_epoch"],
         )
 
     @classmethod
@@ -185,7 +202,7 @@ def repair_wheel(
     settings: RepairSettings = RepairSettings(),
     *,
     log_file: Path | None = None,
-    logger: logging.Logger | logging.LoggerAdapter | None = None,
+    logger: AnyLogger | None = None,
     compression_level: int = ZIP_LEVEL,
     threads: int | None = None,
 ) -> Path:
@@ -306,7 +323,14 @@ def repair_wheel(
             changed, added, dropped = _taken_from(grafted, part, tree, members, work / "grafted")
             relinked = _relink(
                 raw_wheel,
-                {**tree, **{name: entry.content for name, entry in added.items() if _is_elf_file(entry.content)}},
+                {
+                    **tree,
+                    **{
+                        name: entry.content
+                        for name, entry in added.items()
+                        if isinstance(entry.content, Path) and _is_elf_file(entry.content)
+                    },
+                },
                 policy,
                 settings,
                 log_file,
@@ -324,12 +348,21 @@ def repair_wheel(
                 dropped=frozenset(dropped),
                 compression_level=compression_level,
                 threads=threads,
+                source_date_epoch=settings.source_date_epoch,
             )
         else:
             patched, changed = patched_ahead, {**patched_ahead, **early_changes, **retag}
             source = ahead_wheel or raw_wheel
-            if retag:
-                final = rewrite_wheel(source, dest, replace=retag, compression_level=compression_level, threads=threads)
+            epoch = settings.source_date_epoch
+            if retag or (epoch is not None and not is_stamped(source, epoch)):
+                final = rewrite_wheel(
+                    source,
+                    dest,
+                    replace=retag,
+                    compression_level=compression_level,
+                    threads=threads,
+                    source_date_epoch=epoch,
+                )
             elif ahead_wheel:
                 final = _move(ahead_wheel, dest)
             else:
@@ -374,7 +407,7 @@ def _patch_ahead(
     policy: RocmPolicy,
     settings: RepairSettings,
     log_file: Path | None,
-    log: logging.Logger | logging.LoggerAdapter,
+    log: AnyLogger,
     compression_level: int,
     threads: int | None,
 ) -> tuple[dict[str, Path], Path | None]:
@@ -394,6 +427,7 @@ def _patch_ahead(
         compression_level=compression_level,
         threads=threads,
         yield_cpu=True,
+        source_date_epoch=settings.source_date_epoch,
     )
 
 
@@ -504,7 +538,8 @@ def _taken_from(
         files = extract(after, different, folder)
     changed: dict[str, bytes | Path] = {}
     added: dict[str, Added] = {}
-    for name in different:
+    # By name: auditwheel's wheel lists them in the order its folder walk met them.
+    for name in sorted(different):
         if name in members:
             changed[name] = files[name]
             if _is_elf_file(files[name]):
@@ -534,7 +569,7 @@ def _relink(
     policy: RocmPolicy,
     settings: RepairSettings,
     log_file: Path | None,
-    log: logging.Logger | logging.LoggerAdapter,
+    log: AnyLogger,
     threads: int | None,
 ) -> dict[str, Path]:
     """Set the RPATH every ELF file of ``tree`` (member -> extracted file) should have; return the changed files."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pipeline.errors import CommandError
 from pipeline.util.interrupts import held_while
+from pipeline.util.log import AnyLogger
 
 log = logging.getLogger("rocwheels")
 
@@ -39,7 +40,7 @@ def run(
     log_file: Path | None = None,
     check: bool = True,
     redact: Sequence[str] = (),
-    logger: logging.Logger | logging.LoggerAdapter | None = None,
+    logger: AnyLogger | None = None,
     input: str | None = None,
     on_output: Callable[[str], None] | None = None,
     quiet: bool = False,
@@ -57,7 +58,7 @@ def run(
     (logger or log).log(logging.DEBUG if quiet else logging.INFO, "+ %s", shown)
     full_env = {**os.environ, **env} if env is not None else None
     if log_file is None:
-        proc = subprocess.run(
+        completed = subprocess.run(
             argv,
             env=full_env,
             cwd=cwd,
@@ -67,8 +68,8 @@ def run(
             stderr=subprocess.STDOUT,
             check=False,
         )
-        output = _mask(proc.stdout, redact)
-        returncode = proc.returncode
+        output = _mask(completed.stdout, redact)
+        returncode = completed.returncode
     else:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         last_lines: deque[str] = deque(maxlen=_TAIL_LINES)
@@ -118,7 +119,7 @@ def tail(output: str, lines: int = _TAIL_LINES) -> str:
     return "".join(output.splitlines(keepends=True)[-lines:])
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen[str]) -> None:
     """SIGTERM first, so a Python tool (auditwheel) can remove its temporary files; SIGKILL after 10 s."""
     proc.terminate()
     try:

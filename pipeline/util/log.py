@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 LOGGER = "rocwheels"
+# One recipe's logger (recipe_logger); code that logs for the run or for one recipe takes either.
+RecipeLogger = logging.LoggerAdapter[logging.Logger]
+AnyLogger = logging.Logger | RecipeLogger
 
 
 def setup_logging(verbose: bool = False) -> None:
@@ -17,11 +22,15 @@ def setup_logging(verbose: bool = False) -> None:
     root.propagate = False
 
 
-class _Prefixed(logging.LoggerAdapter):
-    def process(self, msg, kwargs):
-        return f"{self.extra['prefix']}: {msg}", kwargs
+class _Prefixed(RecipeLogger):
+    def __init__(self, logger: logging.Logger, prefix: str) -> None:
+        super().__init__(logger)
+        self.prefix = prefix
+
+    def process(self, msg: object, kwargs: MutableMapping[str, Any]) -> tuple[str, MutableMapping[str, Any]]:
+        return f"{self.prefix}: {msg}", kwargs
 
 
-def recipe_logger(name: str) -> logging.LoggerAdapter:
+def recipe_logger(name: str) -> RecipeLogger:
     """A logger whose lines start with ``name:`` so interleaved output stays attributable."""
-    return _Prefixed(logging.getLogger(LOGGER), {"prefix": name})
+    return _Prefixed(logging.getLogger(LOGGER), name)

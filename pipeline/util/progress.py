@@ -6,7 +6,6 @@ needs to see that it is alive and roughly where it is.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -15,11 +14,13 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from pipeline.util.log import AnyLogger
+
 HEARTBEAT_SECONDS = 60.0
 
 
 @contextmanager
-def long_step(label: str, logger: logging.Logger | logging.LoggerAdapter) -> Iterator[Callable[[str], None]]:
+def long_step(label: str, logger: AnyLogger) -> Iterator[Callable[[str], None]]:
     """Yield an ``on_output`` callback that shows the latest output line under ``label``."""
     if sys.stderr.isatty():
         columns = (

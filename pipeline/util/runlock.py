@@ -18,11 +18,11 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from pipeline.errors import RocwheelsError
+from pipeline.util.files import PARTIAL_SUFFIX
 
 log = logging.getLogger("rocwheels")
 
 LOCK_NAME = ".rocwheels.lock"
-PARTIAL_SUFFIX = ".partial"
 GENERATION_PREFIX = ".simple-"  # index generations (pipeline/publish/index.py)
 INDEX_LINK = "simple"
 

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from pipeline.config.rocm_wheels import package_links, package_of
 from pipeline.repair.policy import LinkPackage
-from pipeline.wheel.analyze import Kind, TargetLayout, WheelAnalysis, analyze_wheel
+from pipeline.wheel.analyze import ElfMember, Kind, TargetLayout, WheelAnalysis, analyze_wheel
 
 
 def inspect_wheel(wheel: Path, layout: TargetLayout | None = None) -> WheelAnalysis:
@@ -34,10 +34,6 @@ def render(analysis: WheelAnalysis, console: Console) -> None:
     for column in ("ELF file", "bundled", "ROCm (excluded) -> from", "system", "missing", "RPATH", "GPU targets"):
         table.add_column(column, overflow="fold")
     for member in analysis.members:
-
-        def names(*kinds: Kind) -> str:
-            return "\n".join(d.soname + ("" if d.location else " (!)") for d in member.dependencies if d.kind in kinds)
-
         missing = "\n".join(
             f"{d.soname}: {d.note}" for d in member.dependencies if d.location is None and d.kind is Kind.MISSING
         )
@@ -55,9 +51,9 @@ def render(analysis: WheelAnalysis, console: Console) -> None:
         )
         table.add_row(
             member.install_path,
-            names(Kind.BUNDLED),
+            _names(member, Kind.BUNDLED),
             rocm,
-            names(Kind.SYSTEM, Kind.PACKAGE),
+            _names(member, Kind.SYSTEM, Kind.PACKAGE),
             missing,
             "\n".join(e or '""' for e in member.search_path),
             targets,
@@ -77,3 +73,8 @@ def _rocm_origin(location: str) -> str:
     """``rocm-sdk-core (_rocm_sdk_core/lib)`` for a ROCm package's folder, else the machine's folder."""
     package = package_of(location)
     return f"{package} ({location})" if package else location
+
+
+def _names(member: ElfMember, *kinds: Kind) -> str:
+    """The member's needed libraries of these kinds, one a line; (!) marks one not found."""
+    return "\n".join(d.soname + ("" if d.location else " (!)") for d in member.dependencies if d.kind in kinds)

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline import rocwheels_version
-from pipeline.build.sources import IGNORED_NAMES, file_sha256
+from pipeline.build.sources import IGNORED_NAMES
 from pipeline.errors import RocwheelsError
+from pipeline.util.files import atomic_write, file_sha256
 from pipeline.verify.signing import SignatureCheck, SigningKey, Trust, check_signature
 
 if TYPE_CHECKING:
@@ -132,17 +131,8 @@ def write_record(
     if signer is not None:
         record = replace(record, signature=signer.sign(record.signed_content()))
     target = record_path(wheel)
-    partial = tempfile.NamedTemporaryFile(
-        "w", dir=target.parent, prefix=f".{target.name}.", suffix=".partial", delete=False, encoding="utf-8"
-    )
-    try:
-        with partial:
-            json.dump(asdict(record), partial, indent=2, sort_keys=True)
-        os.chmod(partial.name, 0o644)
-        os.replace(partial.name, target)
-    except BaseException:
-        Path(partial.name).unlink(missing_ok=True)
-        raise
+    with atomic_write(target, mode=0o644) as sink:
+        sink.write(json.dumps(asdict(record), indent=2, sort_keys=True).encode("utf-8"))
     return target
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from pipeline.config.recipes import Smoke
+from pipeline.config.toolchain import python_version
 from pipeline.errors import CommandError
 from pipeline.util.cmd import run
 
@@ -35,11 +36,11 @@ def gpu_present() -> bool:
 def interpreter_for(wheel: Path) -> str | None:
     """A Python on this machine that can install the wheel (its cpXY tag), or None."""
     tags = parse_wheel_filename(wheel.name)[3]
-    versions = {tag.interpreter[2:] for tag in tags if tag.interpreter.startswith("cp")}
-    if not versions or f"{sys.version_info.major}{sys.version_info.minor}" in versions:
+    versions = {version for tag in tags if (version := python_version(tag.interpreter))}
+    if not versions or f"{sys.version_info.major}.{sys.version_info.minor}" in versions:
         return sys.executable
     for version in sorted(versions):
-        found = shutil.which(f"python{version[0]}.{version[1:]}")
+        found = shutil.which(f"python{version}")
         # A pyenv shim is on PATH for every version it knows, and fails for the inactive ones.
         if found and run([found, "-c", ""], check=False, quiet=True).returncode == 0:
             return found
@@ -66,15 +67,19 @@ def smoke_test(
         venv = Path(folder) / "venv"
         venv_python = venv / "bin" / "python"
         try:
-            run([python, "-m", "venv", venv], log_file=log_file)
-            links = ["--find-links", find_links] if find_links else []
+            # No pip inside: seeding one is most of a venv's cost. rocwheels' own pip installs into
+            # it (--python), with the same resolver, configuration and constraints as before.
+            run([python, "-m", "venv", "--without-pip", venv], log_file=log_file)
+            links = ["--find-links", str(find_links)] if find_links else []
             links += [option for url in index_urls for option in ("--extra-index-url", url)]
-            # --no-compile: the venv is thrown away; byte-compiling a torch it installs costs a minute.
+            # --no-compile: the venv is thrown away, and byte-compiling the torch it installs is slow.
             run(
                 [
-                    venv_python,
+                    sys.executable,
                     "-m",
                     "pip",
+                    "--python",
+                    venv_python,
                     "install",
                     "--disable-pip-version-check",
                     "-q",

@@ -4,7 +4,8 @@ Checks, per wheel: (a) no ROCm library inside; (b) every needed library resolves
 layout, and none would be loaded twice; (c) GPU code objects for exactly the requested targets;
 (d) no empty or build-machine RPATH entry; (e) one platform tag, the lock line's, that the
 contents allow (auditwheel's policy analysis), and the ``+rocm`` local version; (f) exact
-Requires-Dist pins on the builds it links against; (g) a smoke test in a fresh venv.
+Requires-Dist pins on the builds it links against; (g) a variant wheel's ``amd :: gfx_arch``
+properties are the GPUs its code objects run on; (h) a smoke test in a fresh venv.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from pipeline.config.recipes import Smoke
@@ -35,8 +36,9 @@ from pipeline.wheel.analyze import (
     analyze_wheel,
     expand_origin,
 )
-from pipeline.wheel.archive import open_wheel
+from pipeline.wheel.archive import open_wheel, parse_wheel_name, split_variant
 from pipeline.wheel.platform_tag import check_platform_tag
+from pipeline.wheel.variant import FEATURE, NAMESPACE, read_variant, served_processors
 
 ERROR, WARNING = "error", "warning"
 # auditwheel's name for a grafted copy: libfoo-<8 hex>.so.1
@@ -82,7 +84,7 @@ class Report:
     def errors(self) -> list[Finding]:
         return [f for f in self.findings if f.level == ERROR]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "wheel": str(self.wheel),
             "ok": self.ok,
@@ -110,6 +112,7 @@ def verify_wheel(
         *_tags_and_version(analysis, expect.version, expect.platform),
         *_platform_allowed(analysis),
         *_pinned_requirements(analysis, expect.pins),
+        *variant_findings(wheel, _code_targets(analysis)),
         *_provenance(wheel, trusted_keys),
     ]
     if smoke and expect.smoke is not None:
@@ -129,8 +132,40 @@ def verify_wheel(
             findings.append(
                 Finding(WARNING if result.skipped else ERROR if not result.passed else "ok", "smoke", result.message)
             )
-    targets = {m.name: m.gpu_targets for m in analysis.members if m.gpu_targets}
-    return Report(wheel, tuple(findings), targets)
+    return Report(wheel, tuple(findings), _code_targets(analysis))
+
+
+def _code_targets(analysis: WheelAnalysis) -> dict[str, tuple[str, ...]]:
+    return {m.name: m.gpu_targets for m in analysis.members if m.gpu_targets}
+
+
+def variant_findings(wheel: Path, code_targets: dict[str, tuple[str, ...]]) -> list[Finding]:
+    """A variant wheel must say what it is: the label of its file name is its variant.json's, and
+    its ``amd :: gfx_arch`` values are exactly the GPUs its code objects (``code_targets``: member ->
+    targets) run on, or the provider would hand it to a GPU it has no code for."""
+    label = split_variant(wheel.name)[1]
+    found = read_variant(wheel)
+    if found is None:
+        if label is None:
+            return []
+        return [Finding(ERROR, "variant", f"variant label {label} in the file name, but no variant.json")]
+    if found.label != label:
+        return [Finding(ERROR, "variant", f"variant.json is for label {found.label}, the file name says {label}")]
+    others = sorted(" :: ".join(p) for p in found.properties if (p[0], p[1]) != (NAMESPACE, FEATURE))
+    served = served_processors(t for targets in code_targets.values() for t in targets)
+    findings = []
+    if others:
+        findings.append(Finding(ERROR, "variant", f"properties rocwheels does not publish: {', '.join(others)}"))
+    if set(found.processors) != set(served):
+        findings.append(
+            Finding(
+                ERROR,
+                "variant",
+                f"{NAMESPACE} :: {FEATURE} says {', '.join(found.processors) or 'nothing'}, "
+                f"the code objects run on {', '.join(served) or 'no GPU'}",
+            )
+        )
+    return findings or [Finding("ok", "variant", f"{label}: {NAMESPACE} :: {FEATURE} :: {', '.join(served)}")]
 
 
 def _rocm_packages_check(analysis: WheelAnalysis, smoke: Smoke) -> tuple[str, ...]:
@@ -259,7 +294,7 @@ def _tags_and_version(
         )
     if any(p.startswith("linux_") for p in platforms) and analysis.members:
         findings.append(Finding(ERROR, "tags", "platform tag linux_*: the wheel was not repaired (rocwheels repair)"))
-    name_tags = {str(t) for t in parse_wheel_filename(info.path.name)[3]}
+    name_tags = {str(t) for t in parse_wheel_name(info.path.name)[3]}
     if name_tags != set(info.tags):
         findings.append(
             Finding(

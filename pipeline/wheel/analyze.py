@@ -16,10 +16,11 @@ import zipfile
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from functools import cache
 from pathlib import Path
 
+from pipeline.config.toolchain import rocm_lib_dir
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
 from pipeline.wheel.archive import WheelInfo, check_wheel, extract, open_wheel
 from pipeline.wheel.elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
@@ -42,7 +43,7 @@ _DATA_DIR = re.compile(r"^[^/]+\.data/(purelib|platlib)/")
 _FOLIO_REACH = 2 << 20
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     BUNDLED = "bundled"  # inside this wheel
     ROCM = "rocm"  # ROCm's, from the host's ROCm library folder
     PACKAGE = "package"  # from another installed package (torch/lib)
@@ -77,7 +78,7 @@ class ElfMember:
 class TargetLayout:
     """Where excluded libraries come from on the machine that installs the wheel."""
 
-    rocm_lib_dir: str | None = "/opt/rocm/lib"  # None: ROCm from pip packages, among link_packages
+    rocm_lib_dir: str | None = rocm_lib_dir()  # None: ROCm from pip packages, among link_packages
     link_packages: tuple[LinkPackage, ...] = ()  # torch's libraries from site-packages/torch/lib
     policy: RocmPolicy = field(default_factory=load_policy)
 
@@ -89,7 +90,7 @@ class WheelAnalysis:
     layout: TargetLayout
 
 
-class Libc(str, Enum):
+class Libc(StrEnum):
     GLIBC = "glibc"
     MUSL = "musl"
 
@@ -238,7 +239,7 @@ class _Resolver:
                     dep = replace(dep, note=f"{dep.note} (loaded through {' <- '.join(chain[1:])})")
                 if soname not in own or own[soname].location is not None:
                     own[soname] = dep
-                if dep.kind is Kind.BUNDLED and dep.location not in seen:
+                if dep.kind is Kind.BUNDLED and dep.location is not None and dep.location not in seen:
                     seen.add(dep.location)
                     queue.append((dep.location, *chain))
 

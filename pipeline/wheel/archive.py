@@ -23,12 +23,16 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from packaging.tags import Tag
 from packaging.utils import (
+    BuildTag,
     InvalidWheelFilename,
+    NormalizedName,
     canonicalize_name,
     parse_wheel_filename,
 )
 from packaging.version import InvalidVersion, Version
+from variantlib.constants import VALIDATION_WHEEL_NAME_REGEX
 
 from pipeline.errors import RocwheelsError
 from pipeline.wheel.zipwrite import Added, record_lines, write_wheel
@@ -38,6 +42,21 @@ _RECORD_SIGNATURES = ("RECORD.jws", "RECORD.p7s")
 _COPY_CHUNK = 1 << 20
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _REBUILD = "rebuild the wheel; this file is damaged or was not written by a wheel build backend"
+
+
+def split_variant(filename: str) -> tuple[str, str | None]:
+    """(the file name without its PEP 825 variant label, the label or None): ``x-1.0-py3-none-any-gfx942.whl``
+    -> (``x-1.0-py3-none-any.whl``, ``gfx942``)."""
+    match = VALIDATION_WHEEL_NAME_REGEX.fullmatch(filename)
+    if match is None or match["variant_label"] is None:
+        return filename, None
+    return match["base_wheel_name"] + ".whl", match["variant_label"]
+
+
+def parse_wheel_name(filename: str) -> tuple[NormalizedName, Version, BuildTag, frozenset[Tag]]:
+    """``packaging``'s ``parse_wheel_filename``, for plain and variant wheel names alike
+    (packaging, pip and old installers reject the extra label part)."""
+    return parse_wheel_filename(split_variant(filename)[0])
 
 
 @dataclass(frozen=True)
@@ -52,7 +71,7 @@ class WheelInfo:
     @property
     def platform_tags(self) -> tuple[str, ...]:
         """The platform part of the file name, split on dots: ("manylinux_2_28_x86_64",)."""
-        return tuple(self.path.name.removesuffix(".whl").rsplit("-", 1)[1].split("."))
+        return tuple(split_variant(self.path.name)[0].removesuffix(".whl").rsplit("-", 1)[1].split("."))
 
 
 @contextmanager
@@ -85,7 +104,7 @@ def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
     install them as regular files holding the link target's name.
     """
     try:
-        filename_name, filename_version, _, _ = parse_wheel_filename(path.name)
+        filename_name, filename_version, _, _ = parse_wheel_name(path.name)
     except InvalidWheelFilename as exc:
         raise RocwheelsError(
             f"{path}: not a wheel file name ({exc})", fix="keep the name the build backend gave it"
@@ -180,12 +199,15 @@ def rewrite_wheel(
     threads: int | None = None,
     force_zip64: bool = False,
     yield_cpu: bool = False,
+    source_date_epoch: int | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
-    ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD recomputed (see :func:`pipeline.wheel.zipwrite.write_wheel`).
+    ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD
+    recomputed (see :func:`pipeline.wheel.zipwrite.write_wheel`).
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
-    reproducible); unchanged ones keep their compressed bytes. ``dest`` appears atomically.
+    reproducible), or with ``source_date_epoch`` all get that time and fixed permissions;
+    unchanged ones keep their compressed bytes. ``dest`` appears atomically.
     """
     if (
         not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION
@@ -206,6 +228,7 @@ def rewrite_wheel(
         threads=threads,
         force_zip64=force_zip64,
         yield_cpu=yield_cpu,
+        source_date_epoch=source_date_epoch,
     )
 
 

@@ -14,81 +14,14 @@ from typing import Any
 
 from elftools.common.exceptions import ELFError
 from elftools.construct import ConstructError
-from elftools.elf.dynamic import DynamicSection
+from elftools.elf.dynamic import DynamicSection, DynamicTag
 from elftools.elf.elffile import ELFFile
 
+from pipeline.config.gpu_processors import gpu_processors
 from pipeline.errors import RocwheelsError
 
 ELF_MAGIC = b"\x7fELF"
 EF_AMDGPU_MACH = 0xFF  # e_flags bits naming the processor of an EM_AMDGPU (224) object
-
-# EF_AMDGPU_MACH values, from LLVM's AMDGPUUsage / llvm/BinaryFormat/ELF.h. gfx940 and gfx941 were
-# later removed from LLVM (their values are reserved now) but are still found in ROCm 5/6 builds.
-_AMDGPU_MACH = {
-    0x020: "gfx600",
-    0x021: "gfx601",
-    0x03A: "gfx602",
-    0x022: "gfx700",
-    0x023: "gfx701",
-    0x024: "gfx702",
-    0x025: "gfx703",
-    0x026: "gfx704",
-    0x03B: "gfx705",
-    0x028: "gfx801",
-    0x029: "gfx802",
-    0x02A: "gfx803",
-    0x03C: "gfx805",
-    0x02B: "gfx810",
-    0x02C: "gfx900",
-    0x02D: "gfx902",
-    0x02E: "gfx904",
-    0x02F: "gfx906",
-    0x030: "gfx908",
-    0x031: "gfx909",
-    0x03F: "gfx90a",
-    0x032: "gfx90c",
-    0x040: "gfx940",
-    0x04B: "gfx941",
-    0x04C: "gfx942",
-    0x04F: "gfx950",
-    0x033: "gfx1010",
-    0x034: "gfx1011",
-    0x035: "gfx1012",
-    0x042: "gfx1013",
-    0x036: "gfx1030",
-    0x037: "gfx1031",
-    0x038: "gfx1032",
-    0x039: "gfx1033",
-    0x03E: "gfx1034",
-    0x03D: "gfx1035",
-    0x045: "gfx1036",
-    0x041: "gfx1100",
-    0x046: "gfx1101",
-    0x047: "gfx1102",
-    0x044: "gfx1103",
-    0x043: "gfx1150",
-    0x04A: "gfx1151",
-    0x055: "gfx1152",
-    0x058: "gfx1153",
-    0x057: "gfx1154",
-    0x05D: "gfx1170",
-    0x05E: "gfx1171",
-    0x05C: "gfx1172",
-    0x048: "gfx1200",
-    0x04E: "gfx1201",
-    0x049: "gfx1250",
-    0x05A: "gfx1251",
-    0x050: "gfx1310",
-    0x051: "gfx9-generic",
-    0x05F: "gfx9-4-generic",
-    0x052: "gfx10-1-generic",
-    0x053: "gfx10-3-generic",
-    0x054: "gfx11-generic",
-    0x062: "gfx11-7-generic",
-    0x059: "gfx12-generic",
-    0x05B: "gfx12-5-generic",
-    0x063: "gfx13-generic",
-}
 
 
 class ElfError(RocwheelsError):
@@ -136,7 +69,8 @@ def read_elf(path: str | os.PathLike[str], *, with_fatbin: bool = True) -> ElfIn
 def amdgpu_processor(e_flags: int) -> str:
     """The processor named by the EF_AMDGPU_MACH bits of an AMDGPU code object's e_flags."""
     mach = e_flags & EF_AMDGPU_MACH
-    return _AMDGPU_MACH.get(mach, f"unknown EF_AMDGPU_MACH 0x{mach:02x}")
+    entry = gpu_processors().by_mach.get(mach)
+    return entry.name if entry else f"unknown EF_AMDGPU_MACH 0x{mach:02x}"
 
 
 def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
@@ -150,13 +84,13 @@ def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
         for tag in section.iter_tags():
             kind = tag.entry.d_tag
             if kind == "DT_SONAME":
-                soname = tag.soname
+                soname = _tag_string(tag, "soname")
             elif kind == "DT_NEEDED":
-                needed.append(tag.needed)
+                needed.append(_tag_string(tag, "needed"))
             elif kind == "DT_RPATH":
-                rpath.extend(tag.rpath.split(":"))
+                rpath.extend(_tag_string(tag, "rpath").split(":"))
             elif kind == "DT_RUNPATH":
-                runpath.extend(tag.runpath.split(":"))
+                runpath.extend(_tag_string(tag, "runpath").split(":"))
     machine = str(elf["e_machine"])  # pyelftools gives a number for machines it does not know
     return ElfInfo(
         machine=machine,
@@ -198,3 +132,11 @@ def _section(elf: ELFFile, name: str, file_size: int) -> Any:  # a pyelftools Se
     if end > file_size:
         raise ValueError(f"section {name} ends at 0x{end:x}, past the end of the file (0x{file_size:x} bytes)")
     return section
+
+
+def _tag_string(tag: DynamicTag, name: str) -> str:
+    """The string pyelftools attaches to a dynamic tag under ``name`` (set at run time, so untyped)."""
+    value = getattr(tag, name)
+    if not isinstance(value, str):
+        raise TypeError(f"dynamic tag {tag.entry.d_tag} has no string {name}")
+    return value

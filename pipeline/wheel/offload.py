@@ -21,6 +21,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import zstandard
 
@@ -60,6 +61,8 @@ _ZSTD_RESERVED_BLOCK = 3
 # Given an offset in the section: everything before it has been read, the caller may drop it from
 # memory (an mmap's pages).
 Release = Callable[[int], None]
+# A section's bytes: read whole, a view of a mapped file, or the inflated start of a compressed bundle.
+SectionData = bytes | bytearray | memoryview
 
 
 class OffloadBundleError(RocwheelsError):
@@ -102,7 +105,7 @@ class Bundle:
     entries: tuple[BundleEntry, ...]
 
 
-def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tuple[Bundle, ...]:
+def parse_fatbin(data: SectionData, release: Release | None = None) -> tuple[Bundle, ...]:
     """Every bundle in ``data`` (a ``.hip_fatbin`` section, or a view of it in a mapped file), in order.
 
     Memory stays small however large the section: plain bundles are read by their headers, of a
@@ -129,7 +132,7 @@ def parse_fatbin(data: bytes | memoryview, release: Release | None = None) -> tu
     return tuple(bundles)
 
 
-def _at(data: bytes | memoryview, pos: int, magic: bytes) -> bool:
+def _at(data: SectionData, pos: int, magic: bytes) -> bool:
     return bytes(data[pos : pos + len(magic)]) == magic
 
 
@@ -138,12 +141,12 @@ def gpu_targets(bundles: Iterable[Bundle]) -> tuple[str, ...]:
     return tuple(sorted({e.processor for b in bundles for e in b.entries if e.processor}))
 
 
-def _skip_padding(data: bytes, pos: int) -> int:
+def _skip_padding(data: SectionData, pos: int) -> int:
     match = _NON_ZERO.search(data, pos)
     return match.start() if match else len(data)
 
 
-def _unpack(layout: struct.Struct, data: bytes, pos: int, where: str, what: str) -> tuple:
+def _unpack(layout: struct.Struct, data: SectionData, pos: int, where: str, what: str) -> tuple[Any, ...]:
     if len(data) - pos < layout.size:
         raise _TruncatedBundle(
             f"{where}: truncated at 0x{pos:x}: expected {what} ({layout.size} bytes), {max(len(data) - pos, 0)} remain"
@@ -152,7 +155,7 @@ def _unpack(layout: struct.Struct, data: bytes, pos: int, where: str, what: str)
 
 
 def _read_plain(
-    data: bytes | memoryview, start: int, where: str, length: int | None = None
+    data: SectionData, start: int, where: str, length: int | None = None
 ) -> tuple[tuple[BundleEntry, ...], int]:
     """The entries of the plain bundle at ``data[start:]`` and the offset where it ends.
 
@@ -197,7 +200,7 @@ def _read_plain(
     return tuple(entries), end
 
 
-def _read_compressed(data: bytes | memoryview, start: int, release: Release | None = None) -> Bundle:
+def _read_compressed(data: SectionData, start: int, release: Release | None = None) -> Bundle:
     where = f"compressed offload bundle at 0x{start:x}"
     _, version = _unpack(_CCOB_VERSION, data, start, where, "the CCOB version")
     header = _CCOB_HEADERS.get(version)
@@ -207,6 +210,7 @@ def _read_compressed(data: bytes | memoryview, start: int, release: Release | No
             fix="a newer clang wrote this library; rocwheels needs support for this format",
         )
     fields = _unpack(header, data, start, where, f"the CCOB v{version} header")
+    total: int | None
     if version == 1:
         _, _, method_id, raw_size, _ = fields
         total = None
@@ -232,15 +236,14 @@ def _read_compressed(data: bytes | memoryview, start: int, release: Release | No
                 with zstandard.ZstdDecompressor().stream_reader(payload) as reader:
                     entries = _read_inflated_table(reader.read, raw_size, method, where)
                 # v1 records no total size: its end is found from the frame's block headers.
-                used = _zstd_frame_size(payload, where) if total is None else None
+                used = _zstd_frame_size(payload, where) if total is None else total - header.size
             else:
                 inflater = _ZlibReader(payload, payload_release)
                 entries = _read_inflated_table(inflater.read, raw_size, method, where)
-                used = inflater.drain(raw_size, where) if total is None else None
+                used = inflater.drain(raw_size, where) if total is None else total - header.size
     except (zlib.error, zstandard.ZstdError) as exc:
         raise OffloadBundleError(f"{where}: garbled {method} stream: {exc}") from None
-    size = header.size + used if total is None else total
-    return Bundle(start, size, method, version, entries)
+    return Bundle(start, header.size + used, method, version, entries)
 
 
 def _read_inflated_table(

@@ -1,9 +1,8 @@
 """Set or remove an ELF file's DT_RPATH in place, without rewriting the file.
 
 patchelf reads the whole file into memory and writes it out again: for a library of hundreds of MB
-that is most of a repair's time on a machine where page faults are dear (459 MB: 1.9 s, against
-0.15 s for a copy), and twice the library's size in memory while it grows one. Here only a few
-bytes change:
+that is most of a repair's time on a machine where page faults are dear (benchmarks/README.md),
+and twice the library's size in memory while it grows one. Here only a few bytes change:
 
 - when the new value fits in the old string, the string in ``.dynstr`` and the entries of
   ``.dynamic`` are overwritten;
@@ -32,6 +31,7 @@ from typing import Any, BinaryIO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVersionSection
 
 DT_NULL, DT_NEEDED, DT_STRTAB, DT_STRSZ, DT_SONAME, DT_RPATH, DT_RUNPATH = 0, 1, 5, 10, 14, 15, 29
 _SEARCH_PATHS = (DT_RPATH, DT_RUNPATH)
@@ -175,7 +175,7 @@ def _with_search_path(entries: list[tuple[int, int]], kept: int | None, string: 
         for i, entry in enumerate(entries)
         if i == kept or entry[0] not in _SEARCH_PATHS
     ]
-    return new if kept is not None else new + [(DT_RPATH, string)]
+    return new if kept is not None else [*new, (DT_RPATH, string)]
 
 
 def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -> Writes | None:
@@ -301,7 +301,8 @@ def _file_offset(segments: list[Any], address: int | None) -> int | None:
             and segment["p_type"] == "PT_LOAD"
             and 0 <= address - segment["p_vaddr"] < segment["p_filesz"]
         ):
-            return address - segment["p_vaddr"] + segment["p_offset"]
+            offset: int = address - segment["p_vaddr"] + segment["p_offset"]
+            return offset
     return None
 
 
@@ -327,11 +328,11 @@ def _name_offsets(elf: ELFFile) -> Iterator[int]:
         data = symbols.data()
         yield from (name for (name,) in _SYMBOL_NAMES.iter_unpack(data[: len(data) - len(data) % _SYMBOL_NAMES.size]))
     needs = elf.get_section_by_name(".gnu.version_r")
-    if needs is not None:
+    if isinstance(needs, GNUVersionSection):
         for need, auxiliaries in needs.iter_versions():
             yield need.entry["vn_file"]
             yield from (aux.entry["vna_name"] for aux in auxiliaries)
     definitions = elf.get_section_by_name(".gnu.version_d")
-    if definitions is not None:
+    if isinstance(definitions, GNUVersionSection):
         for _, auxiliaries in definitions.iter_versions():
             yield from (aux.entry["vda_name"] for aux in auxiliaries)

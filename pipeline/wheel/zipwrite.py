@@ -12,13 +12,15 @@ size, an offset or the member count passes the classic limits (or everywhere, on
 from __future__ import annotations
 
 import base64
+import contextlib
+import copy
 import csv
 import hashlib
 import io
 import os
 import struct
-import tempfile
 import threading
+import time
 import zipfile
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,14 +28,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from zlib_ng import zlib_ng
 
 from pipeline.errors import RocwheelsError
+from pipeline.util.files import atomic_write
 
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
-_BEHIND_FROM = 16 << 20  # the least member worth a thread hashing beside its inflating (starting one: ~0.17 ms here)
+_BEHIND_FROM = 16 << 20  # the least member worth a thread hashing beside its inflating (benchmarks/README.md)
 _WINDOW = 32 << 10  # deflate's dictionary: what a chunk may refer back to in the previous one
 _LIMIT = 0xFFFFFFFF
 _COUNT_LIMIT = 0xFFFF
@@ -45,6 +49,8 @@ _LOCATOR64 = struct.Struct("<IIQI")
 _DESCRIPTOR = 0x08074B50
 _ZIP64_EXTRA = 0x0001
 _MADE_BY_UNIX = 3 << 8 | 45  # unix attributes, spec version 4.5 (ZIP64)
+# The earliest time a zip can hold (1980-01-01 UTC): SOURCE_DATE_EPOCH below it is taken as it, as wheel does.
+ZIP_EPOCH = 315532800
 
 
 @dataclass(frozen=True)
@@ -67,57 +73,57 @@ def write_wheel(
     threads: int | None = None,
     force_zip64: bool = False,
     yield_cpu: bool = False,
+    source_date_epoch: int | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` (atomically) with ``changed`` members' new content, ``added``
     members appended, ``dropped`` ones left out and ``record`` (the RECORD member) rewritten last.
 
-    Unchanged members keep their bytes, RECORD rows, time stamps and order. ``threads`` deflate
-    in parallel (default: the cores this process may use); with ``yield_cpu`` at the lowest CPU
-    priority, for a caller with more urgent work running meanwhile.
+    Unchanged members keep their bytes, RECORD rows and order, and their time stamps and
+    permissions unless ``source_date_epoch`` is given: then every member gets that time and
+    :func:`fixed_mode`, so the same contents give the same bytes whenever and wherever they were
+    built. ``threads`` deflate in parallel (default: the cores this process may use); with
+    ``yield_cpu`` at the lowest CPU priority, for a caller with more urgent work running meanwhile.
     """
     changed = dict(changed or {})
     added = dict(added or {})
     dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
-    # mkstemp makes the file 0600; a wheel is served and installed by other users (index, web server).
-    os.fchmod(handle, 0o666 & ~_umask())
-    temp = Path(temp_name)
-    try:
-        with zipfile.ZipFile(source) as archive, open(source, "rb") as raw, os.fdopen(handle, "w+b") as out:
-            unknown = set(changed) - set(archive.namelist())
-            if unknown:
-                raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
-            rows = record_rows(archive, record)
-            writer = _Writer(out, force_zip64)
-            with ThreadPoolExecutor(
-                max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
-            ) as pool:
-                new_rows: list[tuple[str, str, str]] = []
-                for member in archive.infolist():
-                    if member.filename == record or member.filename in dropped:
-                        continue
-                    content = changed.get(member.filename)
-                    if content is None:
-                        writer.copy(raw, member)
-                        if not member.is_dir():
-                            new_rows.append(rows.get(member.filename) or (member.filename, "", ""))
-                    else:
-                        new_rows.append(writer.deflate(pool, member.filename, content, _like(member), level))
-                for name, entry in added.items():
-                    info = zipfile.ZipInfo(name, date_time=_newest(archive))
-                    info.external_attr = (0o100000 | entry.mode) << 16
-                    new_rows.append(writer.deflate(pool, name, entry.content, info, level))
-                new_rows.append((record, "", ""))
-                text = io.StringIO()
-                csv.writer(text, lineterminator="\n").writerows(new_rows)
-                writer.deflate(pool, record, text.getvalue().encode("utf-8"), _like(archive.getinfo(record)), level)
-            writer.finish()
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, dest)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+    with (
+        atomic_write(dest, sync=True) as out,
+        zipfile.ZipFile(source) as archive,
+        open(source, "rb") as raw,
+    ):
+        unknown = set(changed) - set(archive.namelist())
+        if unknown:
+            raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
+        rows = record_rows(archive, record)
+        writer = _Writer(out, force_zip64)
+        with ThreadPoolExecutor(
+            max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
+        ) as pool:
+            new_rows: list[tuple[str, str, str]] = []
+
+            def entry(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
+                return info if source_date_epoch is None else stamped(info, source_date_epoch)
+
+            for member in archive.infolist():
+                if member.filename == record or member.filename in dropped:
+                    continue
+                content = changed.get(member.filename)
+                if content is None:
+                    writer.copy(raw, member, entry(member))
+                    if not member.is_dir():
+                        new_rows.append(rows.get(member.filename) or (member.filename, "", ""))
+                else:
+                    new_rows.append(writer.deflate(pool, member.filename, content, entry(_like(member)), level))
+            for name, addition in added.items():
+                info = zipfile.ZipInfo(name, date_time=_newest(archive))
+                info.external_attr = (0o100000 | addition.mode) << 16
+                new_rows.append(writer.deflate(pool, name, addition.content, entry(info), level))
+            new_rows.append((record, "", ""))
+            text = io.StringIO()
+            csv.writer(text, lineterminator="\n").writerows(new_rows)
+            writer.deflate(pool, record, text.getvalue().encode("utf-8"), entry(_like(archive.getinfo(record))), level)
+        writer.finish()
     return dest
 
 
@@ -138,11 +144,11 @@ def extract_members(
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
         checked = [archive.getinfo(name) for name in check_only]
-    targets: dict[str, Path | None] = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
-    for target in targets.values():
+    written = {info.filename: dest.joinpath(*info.filename.split("/")) for info in infos}
+    for target in written.values():
         target.parent.mkdir(parents=True, exist_ok=True)
     # The members repair copies as they are: inflated and hashed only, nothing written.
-    targets.update(dict.fromkeys(check_only))
+    targets: dict[str, Path | None] = {**written, **dict.fromkeys(check_only)}
     infos += checked
     workers = threads or len(os.sched_getaffinity(0))
     total = sum(info.file_size for info in infos)
@@ -167,7 +173,8 @@ def extract_members(
 def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
     try:
         _inflate_checked(source, info, target, recorded, beside)
-    except (zipfile.BadZipFile, zlib_ng.error) as exc:
+    # zlib_ng's stub declares `error` an instance of Exception; at run time it is the class.
+    except (zipfile.BadZipFile, zlib_ng.error) as exc:  # type: ignore[misc]
         raise RocwheelsError(
             f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
             fix="do not install, repair or publish this file; build or download the wheel again",
@@ -190,8 +197,7 @@ def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, r
             sink.write(data)
 
         # ``beside``: hashed and written a block behind the inflating, in a thread of its own (both
-        # let go of the GIL), for a member that is most of its wheel (jax: 459 MB, 1.25-1.64 s ->
-        # 0.70-0.81 s).
+        # let go of the GIL), for a member that is most of its wheel (benchmarks/README.md).
         with _one_behind(beside) as later:
             remaining = info.compress_size
             while remaining:
@@ -263,8 +269,9 @@ class _Writer:
         self.force_zip64 = force_zip64
         self.central: list[bytes] = []
 
-    def copy(self, raw: io.BufferedReader, member: zipfile.ZipInfo) -> None:
-        """Copy ``member``'s local header, data and data descriptor as they are."""
+    def copy(self, raw: io.BufferedReader, member: zipfile.ZipInfo, entry: zipfile.ZipInfo) -> None:
+        """Copy ``member``'s local header, data and data descriptor as they are, but for the time
+        and permissions of ``entry`` (``member`` itself, or :func:`stamped`)."""
         raw.seek(member.header_offset)
         header = raw.read(_LOCAL.size)
         fields = _LOCAL.unpack(header)
@@ -278,8 +285,13 @@ class _Writer:
         offset = self.out.tell()
         raw.seek(member.header_offset)
         _copy_range(raw, self.out, length)
+        if entry is not member:
+            end = self.out.tell()
+            self.out.seek(offset + 10)  # the local header's modification time and date
+            self.out.write(struct.pack("<HH", *_dos_time(entry)))
+            self.out.seek(end)
         self._central_entry(
-            member, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type
+            entry, member.CRC, member.compress_size, member.file_size, offset, member.flag_bits, member.compress_type
         )
 
     def store(self, name: str, content: bytes | Path, crc: int) -> None:
@@ -432,7 +444,7 @@ def _deflate_chunks(
 ) -> Iterator[tuple[bytes, bytes, int]]:
     """(chunk, its deflate output, its CRC-32) in order; at most two chunks per thread in flight."""
     pending: deque[tuple[bytes, Future[tuple[bytes, int]]]] = deque()
-    window = 2 * (pool._max_workers or 1)  # type: ignore[attr-defined]
+    window = 2 * (pool._max_workers or 1)
     previous = b""
     for chunk, last in _chunks(content):
         pending.append((chunk, pool.submit(_deflate, chunk, previous[-_WINDOW:], level, last)))
@@ -475,7 +487,7 @@ def _chunks(content: bytes | Path) -> Iterator[tuple[bytes, bool]]:
             current = following
 
 
-def _copy_range(source: io.BufferedReader, sink: io.BufferedRandom, length: int) -> None:
+def _copy_range(source: io.BufferedReader, sink: io.BufferedIOBase, length: int) -> None:
     sink.flush()
     position = source.tell()
     copied = 0
@@ -538,6 +550,35 @@ def _like(member: zipfile.ZipInfo) -> zipfile.ZipInfo:
     return info
 
 
+def fixed_mode(info: zipfile.ZipInfo) -> int:
+    """The external attributes a reproducible wheel gives a member: 0755 where anyone may execute
+    it or it is a folder, else 0644 (what the build folder's umask gave it does not count)."""
+    mode = info.external_attr >> 16
+    if info.is_dir():
+        return (0o40755 << 16) | 0x10  # and the MS-DOS folder bit
+    return (0o100755 if mode & 0o111 else 0o100644) << 16
+
+
+def epoch_time(source_date_epoch: int) -> tuple[int, int, int, int, int, int]:
+    """SOURCE_DATE_EPOCH as a zip member's time (UTC, from 1980 on)."""
+    return time.gmtime(max(source_date_epoch, ZIP_EPOCH))[:6]
+
+
+def stamped(info: zipfile.ZipInfo, source_date_epoch: int) -> zipfile.ZipInfo:
+    """A copy of ``info`` with the time of ``source_date_epoch`` and :func:`fixed_mode`."""
+    entry = copy.copy(info)
+    entry.date_time = epoch_time(source_date_epoch)
+    entry.external_attr = fixed_mode(info)
+    return entry
+
+
+def is_stamped(wheel: Path, source_date_epoch: int) -> bool:
+    """Whether every member of ``wheel`` already has the time and permissions :func:`stamped` gives."""
+    when = epoch_time(source_date_epoch)
+    with zipfile.ZipFile(wheel) as archive:
+        return all(i.date_time == when and i.external_attr == fixed_mode(i) for i in archive.infolist())
+
+
 def _dos_time(info: zipfile.ZipInfo) -> tuple[int, int]:
     year, month, day, hour, minute, second = info.date_time
     return (hour << 11 | minute << 5 | second // 2), ((max(year, 1980) - 1980) << 9 | month << 5 | day)
@@ -548,12 +589,10 @@ def _newest(archive: zipfile.ZipFile) -> tuple[int, int, int, int, int, int]:
     return max((info.date_time for info in archive.infolist()), default=(1980, 1, 1, 0, 0, 0))
 
 
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
-
-
+@overload
+def copy_file(source: Path, dest: Path) -> Path: ...
+@overload
+def copy_file(source: Path, dest: Path, *, fingerprint: str | None) -> Path | None: ...
 def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Path | None:
     """``source`` to ``dest`` atomically, for a wheel that needs no change.
 
@@ -561,30 +600,27 @@ def copy_file(source: Path, dest: Path, *, fingerprint: str | None = None) -> Pa
     nothing is written (None).
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial")
-    temp = Path(temp_name)
     try:
-        # Into the file mkstemp opened: opening it again by name would truncate it, and ext4 then
-        # writes the whole file back when it is closed (its guard for files rewritten in place):
-        # 36 ms of a 0.1 s copy of jax's 130 MB wheel.
-        with open(source, "rb") as data, os.fdopen(handle, "wb") as copy, ThreadPoolExecutor(1) as hasher:
+        # Into the file atomic_write opened: opening it again by name would truncate it, and ext4
+        # then writes the whole file back when it is closed (its guard for files rewritten in place).
+        with atomic_write(dest) as copy, open(source, "rb") as data, ThreadPoolExecutor(1) as hasher:
             digest = hasher.submit(piecewise_sha256, source) if fingerprint else None  # while the kernel copies
             _copy_range(data, copy, os.fstat(data.fileno()).st_size)
             if digest and digest.result() != fingerprint:
-                temp.unlink()
-                return None
-        temp.chmod(0o666 & ~_umask())
-        os.replace(temp, dest)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
+                raise _OtherBytes
+    except _OtherBytes:
+        return None
     return dest
+
+
+class _OtherBytes(Exception):
+    """The bytes copied are not the ones asked for: the copy is dropped."""
 
 
 def piecewise_sha256(path: Path) -> str:
     """The sha256 of the sha256 of each 16 MiB piece of ``path``: as strong a fingerprint as the
-    sha256 of the whole file, but hashed on every core (hashlib lets go of the GIL). Measured on a
-    4.25 GiB wheel in the page cache, 2 cores: 1.5-1.7 s, against 3.1 s for one sha256."""
+    sha256 of the whole file, but hashed on every core (hashlib lets go of the GIL; the gain:
+    benchmarks/README.md)."""
     with path.open("rb") as file:
         size = os.fstat(file.fileno()).st_size
 
@@ -601,7 +637,5 @@ def piecewise_sha256(path: Path) -> str:
 
 def _yield_cpu() -> None:
     """Run this (deflating) thread at the lowest CPU priority: on Linux a thread has a nice value of its own."""
-    try:
+    with contextlib.suppress(OSError):  # a priority is a wish: a sandbox may refuse it
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-    except OSError:  # a priority is a wish: a sandbox may refuse it
-        pass
