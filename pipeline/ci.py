@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename
 
 from pipeline.config.layout import Layout
 from pipeline.config.lock import trusted_keys
@@ -39,6 +39,7 @@ from pipeline.util.net import DEFAULT_TIMEOUT, TIMEOUT_ENV
 from pipeline.verify.provenance import SUFFIX, Provenance, fingerprints, is_current, record_path
 from pipeline.verify.signing import Trust
 from pipeline.verify.verify import Expectations, verify_wheel
+from pipeline.wheel.archive import parse_wheel_name
 
 log = logging.getLogger("rocwheels")
 
@@ -281,7 +282,7 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str, *, timeout: flo
 
 def _wanted(filename: str, dist_name: str, version: str, pythons: set[str]) -> bool:
     try:
-        name, wheel_version, _, tags = parse_wheel_filename(filename)
+        name, wheel_version, _, tags = parse_wheel_name(filename)  # variant wheels too
     except InvalidWheelFilename:
         return False
     return (
