@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -220,9 +221,17 @@ def build_command(
     """Build wheels into the work folder, not the wheelhouse (no verify: see `wheels`)."""
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
     build = driver_for(driver, plan, obj.layout)
-    for step in plan.steps:
-        built = build(step, obj.layout, lambda line: None)
-        click.echo(f"{built.recipe}: {'repaired' if built.repaired else 'raw'} wheel {built.path}")
+    with _work_dir_lock(obj.layout):
+        for step in plan.steps:
+            built = build(step, obj.layout, lambda line: None)
+            click.echo(f"{built.recipe}: {'repaired' if built.repaired else 'raw'} wheel {built.path}")
+
+
+def _work_dir_lock(layout: Layout) -> contextlib.AbstractContextManager[object]:
+    """One building run per work folder: the second waits (its build folders are emptied per recipe)."""
+    if layout.work_dir == layout.wheelhouse:  # one folder, one lock (taken for the wheelhouse)
+        return contextlib.nullcontext()
+    return wheelhouse_lock(layout.work_dir, what="work folder", option="--work-dir or ROCWHEELS_WORK_DIR")
 
 
 def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
@@ -271,7 +280,7 @@ def wheels_command(
 
         if pin_on_first_use(plan.line_name, plan.line, obj.layout.recipes_dir, detect_engine):
             plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
-    with wheelhouse_lock(obj.layout.wheelhouse):
+    with _work_dir_lock(obj.layout), wheelhouse_lock(obj.layout.wheelhouse):
         if from_index and not force:
             from pipeline.ci import fetch_from_index
 
@@ -762,6 +771,7 @@ def main() -> None:
     """The one place the project's errors become messages and exit statuses: 2 bad input (usage,
     recipe, lock, option values), 1 a failed check or step, 128 + N for signal N (130 Ctrl-C, 143
     SIGTERM); never a traceback for any of them."""
+    from pipeline.util.files import write_error
     from pipeline.util.interrupts import interruptible
 
     try:
@@ -783,3 +793,9 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a full, read-only or forbidden folder no stage named more closely
+        error = write_error(exc, None)
+        if error is None:
+            raise
+        click.echo(f"error: {error}", err=True)
+        sys.exit(error.exit_code)

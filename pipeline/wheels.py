@@ -26,6 +26,7 @@ from pipeline.errors import CommandError, RocwheelsError
 from pipeline.plan import Plan
 from pipeline.repair.pins import pin_wheel
 from pipeline.repair.repair import repair_wheel
+from pipeline.util.files import atomic_write
 from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
@@ -176,14 +177,13 @@ def _accept(wheel: Path, wheelhouse: Path) -> Path:
     """Move a verified wheel into the wheelhouse with one rename (copy next to it first if needed)."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
     final = wheelhouse / wheel.name
-    partial = wheelhouse / f".{wheel.name}.partial"
     # The record of a wheel this one replaces must not outlive it (make_wheels writes the new one).
     record_path(final).unlink(missing_ok=True)
     try:
         os.replace(wheel, final)
     except OSError:  # another file system: copy beside the target, then rename
-        shutil.copyfile(wheel, partial)
-        os.replace(partial, final)
+        with wheel.open("rb") as data, atomic_write(final) as copy:
+            shutil.copyfileobj(data, copy)
         wheel.unlink()
     return final
 

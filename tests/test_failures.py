@@ -9,9 +9,13 @@ The catalogue in docs/failure-modes.md is checked against this table both ways.
 
 from __future__ import annotations
 
+import io
 import logging
+import os
 import re
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import zipfile
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import _raw_zip, _wheel_archive, _write_wheel, recipe_toml
+from conftest import _platform_wheel, _raw_zip, _wheel_archive, _write_wheel, recipe_toml
 
 from pipeline.cli import main
 from pipeline.verify.provenance import record_path
@@ -149,12 +153,170 @@ def raw(members: dict[str, bytes], name: str = CANARY) -> Callable[[Project], No
     return lambda p: _raw_zip(p.wheelhouse / name, members)
 
 
+def recorded(
+    members: dict[str, bytes],
+    rows: dict[str, str] | None = None,
+    *,
+    version: str = "1.0+rocm9.9",
+    metadata: bytes | None = None,
+) -> dict[str, bytes]:
+    """``members`` of alpha 1.0+rocm9.9 with WHEEL, METADATA (``version``) and a RECORD of sha256
+    hashes, a member's "hash,size" replaced by ``rows``'s where given."""
+    import base64
+    import hashlib
+
+    info = "alpha-1.0+rocm9.9.dist-info"
+    members = {
+        **members,
+        f"{info}/WHEEL": b"Tag: py3-none-any\n",
+        f"{info}/METADATA": metadata or f"Name: alpha\nVersion: {version}\n".encode(),
+    }
+    lines = []
+    for name, data in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        lines.append(f"{name},{(rows or {}).get(name, f'sha256={digest},{len(data)}')}")
+    return {**members, f"{info}/RECORD": ("\n".join([*lines, f"{info}/RECORD,,"]) + "\n").encode()}
+
+
+def deflated(members: dict[str, bytes]) -> Callable[[Project], None]:
+    def setup(p: Project) -> None:
+        p.wheelhouse.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(p.wheelhouse / CANARY, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, data in members.items():
+                archive.writestr(name, data)
+
+    return setup
+
+
 def text_file(name: str = CANARY) -> Callable[[Project], None]:
     def setup(p: Project) -> None:
         p.wheelhouse.mkdir(parents=True, exist_ok=True)
         (p.wheelhouse / name).write_text("not a wheel\n")
 
     return setup
+
+
+def mounted(folder: Path, p: Project, *, size: str = "256k") -> Path:
+    """A small tmpfs at ``folder`` (root only), unmounted after the test: a disk that can fill up."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a small file system needs root")
+    folder.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=False).returncode:
+        pytest.skip("mount is not allowed here")
+    p.keep.append(_Unmount(folder))
+    return folder
+
+
+@dataclass(frozen=True)
+class _Unmount:
+    folder: Path
+
+    def close(self) -> None:
+        subprocess.run(["umount", "-l", str(self.folder)], check=False)
+
+
+def fill(folder: Path) -> None:
+    """Fill ``folder``'s file system to the last byte (with a hidden file, so it is nobody's leftover)."""
+    with (folder / ".filler").open("wb", buffering=0) as filler:
+        try:
+            while True:
+                filler.write(b"\0" * 4096)
+        except OSError:
+            pass
+
+
+def read_only(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+
+
+def full_wheelhouse(p: Project) -> None:
+    mounted(p.wheelhouse, p)
+    p.wheel()
+    fill(p.wheelhouse)
+
+
+def read_only_wheelhouse(p: Project) -> None:
+    mounted(p.wheelhouse, p)
+    p.wheel()
+    read_only(p.wheelhouse)
+
+
+def elf_wheel(damage: Callable[[bytes], bytes] | None = None) -> Callable[[Project], Path]:
+    """A platform wheel holding a small shared library built with gcc, optionally damaged by ``damage``."""
+
+    def setup(p: Project) -> Path:
+        source = p.root / "lib.c"
+        # puts: a symbol version to need (GLIBC_2.2.5), so the library has a .gnu.version_r section.
+        source.write_text('#include <stdio.h>\nint alpha_one(void) { return puts("one"); }\n')
+        library = p.root / "libalpha.so"
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+        data = library.read_bytes()
+        return _platform_wheel(
+            p.wheelhouse, "alpha", {"alpha/libalpha.so": damage(data) if damage else data}, version="1.0+rocm9.9"
+        )
+
+    return setup
+
+
+def damaged_section(name: str, offset: int, value: bytes) -> Callable[[bytes], bytes]:
+    """``value`` written ``offset`` bytes into the ELF section ``name``."""
+
+    def damage(data: bytes) -> bytes:
+        from elftools.elf.elffile import ELFFile
+
+        section = ELFFile(io.BytesIO(data)).get_section_by_name(name)
+        at = section["sh_offset"] + offset
+        return data[:at] + value + data[at + len(value) :]
+
+    return damage
+
+
+def escaping_tar_source(p: Project) -> None:
+    """alpha's source: a local .tar.gz whose link member points out of the unpack folder; the
+    lock line is this host's ROCm release so a local build gets as far as unpacking."""
+    import hashlib
+    import tarfile
+
+    from pipeline.build.host import host_rocm_version
+
+    rocm = host_rocm_version()
+    if rocm is None:
+        pytest.skip("a local build needs a ROCm on this host")
+    archive = p.root / "alpha-1.0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        link = tarfile.TarInfo("alpha-1.0/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../../../etc/passwd"
+        tar.addfile(link)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    replace_in("alpha.toml", 'path = "."', f'url = "file://{archive}"\nsha256 = "{digest}"')(p)
+    replace_in("lock.toml", 'rocm = "9.9.0"', f'rocm = "{rocm}"')(p)
+    # The line's build-environment lock, as `lock constraints` would head it (nothing is installed:
+    # the source is unpacked first).
+    from pipeline.config import build_constraints as constraints
+    from pipeline.config.lock import load_lock
+    from pipeline.config.recipes import load_recipes
+
+    lock = load_lock(p.recipes)
+    wanted = constraints.line_requirements(load_recipes(p.recipes), lock, "rocm9.9")
+    path = constraints.constraints_path(p.recipes, "rocm9.9")
+    path.parent.mkdir()
+    path.write_text(f"{constraints._HEADER}{constraints._input_digest(wanted, lock.line('rocm9.9').python)}\n")
+
+
+def small_tmpdir(p: Project) -> None:
+    """TMPDIR on a 64 KiB disk, and a wheel whose library (200 KB) does not fit there unpacked."""
+    mounted(p.root / "small-tmp", p, size="64k")
+    padded = p.root / "pad.c"
+    padded.write_text("const char alpha_pad[200000] = {1};\nint alpha_one(void) { return alpha_pad[0]; }\n")
+    library = p.root / "libalpha.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(padded)], check=True)
+    _platform_wheel(p.wheelhouse, "alpha", {"alpha/libalpha.so": library}, version="1.0+rocm9.9")
+
+
+def read_only_cache(p: Project) -> None:
+    elf_wheel()(p)
+    mounted(p.root / "ro-cache", p)
+    read_only(p.root / "ro-cache")
 
 
 def closed_port() -> int:
@@ -314,6 +476,22 @@ CASES = (
         replace_in("alpha.toml", 'path = "."', 'path = "nowhere"'),
     ),
     Case(
+        "recipe-subdir-escapes",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "subdir", "'../outside'", "no '..'"),
+        replace_in("alpha.toml", 'path = "."', 'path = "."\nsubdir = "../outside"'),
+    ),
+    Case(
+        "recipe-path-absolute",
+        "recipe",
+        PLAN,
+        2,
+        ("alpha.toml", "path", "'/etc'", "plain name"),
+        replace_in("alpha.toml", 'path = "."', 'path = "/etc"'),
+    ),
+    Case(
         "recipe-unknown-dependency",
         "recipe",
         PLAN,
@@ -393,6 +571,15 @@ CASES = (
         replace_in("lock.toml", 'beta = "1.0"', 'beta = "1.0"\ngamma = "1.0"'),
     ),
     Case(
+        "lock-line-name-escapes",
+        "lock",
+        ("lock", "check"),
+        2,
+        ("lock.toml", "lines", "'../evil'", "plain name"),
+        lambda p: (p.recipes / "lock.toml").write_text(LOCK + LOCK.split("\n", 1)[1].replace('"rocm9.9"', '"../evil"')),
+        no_file("evil.txt"),
+    ),
+    Case(
         "lock-pins-unknown-version",
         "lock",
         ("lock", "check"),
@@ -431,6 +618,13 @@ CASES = (
         ("plan", "--arch", "gfx9999", "--rocm", "rocm9.9"),
         2,
         ("unknown GPU target 'gfx9999'", "gfx942"),
+    ),
+    Case(
+        "arch-contradictory-features",
+        "arch",
+        ("plan", "--arch", "gfx90a:xnack+:xnack-", "--rocm", "rocm9.9"),
+        2,
+        ("gfx90a:xnack+:xnack-", "sets xnack more than once"),
     ),
     Case("arch-empty", "arch", ("plan", "--arch", "", "--rocm", "rocm9.9"), 2, ("no GPU target given", "ARCH=gfx942")),
     Case("arch-only-separators", "arch", ("plan", "--arch", ";,", "--rocm", "rocm9.9"), 2, ("no GPU target given",)),
@@ -547,14 +741,75 @@ CASES = (
         VERIFY,
         1,
         ("RECORD hash for alpha/__init__.py uses 'md5'",),
-        raw(
-            {
-                "alpha/__init__.py": b"",
-                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
-                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Name: alpha\nVersion: 1.0+rocm9.9\n",
-                "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha/__init__.py,md5=x,0\nalpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n",
-            }
-        ),
+        raw(recorded({"alpha/__init__.py": b""}, {"alpha/__init__.py": "md5=x,0"})),
+    ),
+    Case(
+        "wheel-empty-record-hash",
+        "wheel",
+        VERIFY,
+        1,
+        ("RECORD has no hash for alpha/__init__.py",),
+        raw(recorded({"alpha/__init__.py": b"BUILD = 'changed'\n"}, {"alpha/__init__.py": ","})),
+    ),
+    Case(
+        "wheel-metadata-version-differs",
+        "wheel",
+        VERIFY,
+        1,
+        ("METADATA says alpha 2.0", "1.0+rocm9.9"),
+        raw(recorded({"alpha/__init__.py": b""}, version="2.0")),
+    ),
+    Case(
+        "wheel-names-differ-in-case",
+        "wheel",
+        VERIFY,
+        1,
+        ("alpha/Mod.py and alpha/mod.py differ only in case",),
+        raw(recorded({"alpha/mod.py": b"", "alpha/Mod.py": b""})),
+    ),
+    Case(
+        "wheel-file-is-also-a-folder",
+        "wheel",
+        VERIFY,
+        1,
+        ("alpha/data is both a file and the folder of other members",),
+        raw(recorded({"alpha/data": b"", "alpha/data/x.py": b""})),
+    ),
+    Case(
+        "wheel-member-name-too-long",
+        "wheel",
+        VERIFY,
+        1,
+        ("has a name longer than file systems allow",),
+        raw(recorded({"alpha/" + "x" * 300 + ".py": b""})),
+    ),
+    Case(
+        "wheel-zip-bomb",
+        "wheel",
+        VERIFY,
+        1,
+        ("alpha/zeros.bin inflates", "zip bomb", "ROCWHEELS_MAX_RATIO"),
+        deflated(recorded({"alpha/zeros.bin": bytes(8 << 20)})),
+    ),
+    Case(
+        "wheel-past-size-bound",
+        "wheel",
+        VERIFY,
+        1,
+        ("more than the bound of 1048576", "ROCWHEELS_MAX_UNPACKED"),
+        raw(recorded({"alpha/data.bin": os.urandom(2 << 20)})),
+        None,
+        (("ROCWHEELS_MAX_UNPACKED", "1M"),),
+    ),
+    Case(
+        "wheel-size-bound-not-a-number",
+        "wheel",
+        VERIFY,
+        2,
+        ("ROCWHEELS_MAX_UNPACKED='lots'",),
+        lambda p: p.wheel(),
+        None,
+        (("ROCWHEELS_MAX_UNPACKED", "lots"),),
     ),
     Case(
         "wheel-metadata-name-missing",
@@ -562,13 +817,7 @@ CASES = (
         VERIFY,
         1,
         ("METADATA Name missing",),
-        raw(
-            {
-                "alpha-1.0+rocm9.9.dist-info/WHEEL": b"Tag: py3-none-any\n",
-                "alpha-1.0+rocm9.9.dist-info/METADATA": b"Version: 1.0\n",
-                "alpha-1.0+rocm9.9.dist-info/RECORD": b"alpha-1.0+rocm9.9.dist-info/WHEEL,,\nalpha-1.0+rocm9.9.dist-info/METADATA,,\n",
-            }
-        ),
+        raw(recorded({}, metadata=b"Version: 1.0\n")),
     ),
     Case("wheel-changed-after-verify", "wheel", VERIFY, 1, ("differs from the provenance record",), with_record),
     Case(
@@ -587,6 +836,102 @@ CASES = (
         0,
         ("smoke", "alpha imported"),
         lambda p: p.wheel(),
+    ),
+    Case(
+        "repair-wheel-missing",
+        "wheel",
+        ("repair", "-w", "{root}/out", "{root}/alpha-1.0-py3-none-any.whl"),
+        1,
+        ("no such wheel",),
+    ),
+    Case(
+        "elf-version-section-damaged-verify",
+        "wheel",
+        ("verify", "--no-smoke", "{elf_wheel}"),
+        1,
+        ("libalpha.so", ".gnu.version_r"),
+        elf_wheel(damaged_section(".gnu.version_r", 0, b"\xff" * 16)),
+    ),
+    Case(
+        "elf-version-section-damaged-repair",
+        "wheel",
+        ("repair", "-w", "{root}/out", "{elf_wheel}"),
+        1,
+        ("libalpha.so", ".gnu.version_r"),
+        elf_wheel(damaged_section(".gnu.version_r", 0, b"\xff" * 16)),
+        no_file("out/alpha-1.0+rocm9.9"),
+    ),
+    Case(
+        "elf-version-section-damaged-inspect",
+        "wheel",
+        ("inspect", "{elf_wheel}"),
+        1,
+        ("libalpha.so", ".gnu.version_r"),
+        elf_wheel(damaged_section(".gnu.version_r", 0, b"\xff" * 16)),
+    ),
+    Case(
+        "elf-dynamic-section-garbage",
+        "wheel",
+        ("verify", "--no-smoke", "{elf_wheel}"),
+        1,
+        ("libalpha.so", "dynamic section"),
+        elf_wheel(damaged_section(".dynamic", 0, bytes(range(7, 247)) * 2)),
+    ),
+    # full, read-only and unusable places
+    Case(
+        "wheelhouse-read-only",
+        "disk",
+        INDEX,
+        1,
+        ("cannot write", "wheelhouse", "read-only file system"),
+        read_only_wheelhouse,
+    ),
+    Case("wheelhouse-full", "disk", INDEX, 1, ("cannot write", "wheelhouse", "no space left"), full_wheelhouse),
+    Case(
+        "repair-output-read-only",
+        "disk",
+        ("repair", "-w", "{root}/ro-out", "{elf_wheel}"),
+        1,
+        ("cannot write", "ro-out", "read-only file system"),
+        setup_all(elf_wheel(), lambda p: read_only(mounted(p.root / "ro-out", p))),
+    ),
+    Case(
+        "repair-tmpdir-full",
+        "disk",
+        ("repair", "-w", "{root}/out", "{elf_wheel}"),
+        1,
+        ("cannot write", "small-tmp", "no space left"),
+        small_tmpdir,
+        no_file("out/alpha-1.0+rocm9.9"),
+        (("TMPDIR", "{root}/small-tmp"),),
+    ),
+    Case(
+        "cache-is-a-file",
+        "disk",
+        ("repair", "-w", "{root}/out", "{elf_wheel}"),
+        2,
+        ("cache", "is a file", "ROCWHEELS_CACHE"),
+        elf_wheel(),
+        None,
+        (("ROCWHEELS_CACHE", "{root}/recipes/lock.toml"),),
+    ),
+    Case(
+        "cache-read-only",
+        "disk",
+        ("repair", "-w", "{root}/out", "{elf_wheel}"),
+        0,
+        ("cannot keep a note of this repair in the cache", "ROCWHEELS_CACHE"),
+        read_only_cache,
+        None,
+        (("ROCWHEELS_CACHE", "{root}/ro-cache"),),
+    ),
+    Case(
+        "source-tar-escaping-link",
+        "recipe",
+        ("build", "--driver", "local", "--arch", "gfx90a", "--recipes", "alpha"),
+        1,
+        ("alpha-1.0.tar.gz", "unsafe member", "escape"),
+        escaping_tar_source,
     ),
     # the index
     Case("index-no-wheelhouse", "index", INDEX, 2, ("no wheelhouse at",)),
@@ -743,8 +1088,14 @@ CASES = (
 
 def _fill(value: str, project: Project, closed: int) -> str:
     port = (project.root / "port").read_text() if (project.root / "port").exists() else ""
+    elf = next(iter(sorted(project.wheelhouse.glob("*-linux_*.whl"))), "") if project.wheelhouse.is_dir() else ""
     return value.format(
-        root=project.root, wheel=project.wheelhouse / CANARY, wheelhouse=project.wheelhouse, port=port, closed=closed
+        root=project.root,
+        wheel=project.wheelhouse / CANARY,
+        elf_wheel=elf,
+        wheelhouse=project.wheelhouse,
+        port=port,
+        closed=closed,
     )
 
 
@@ -754,6 +1105,7 @@ def run_rocwheels(project: Project, args: tuple[str, ...], capsys, monkeypatch, 
     (project.root / "empty-bin").mkdir(exist_ok=True)
     for name, value in env:
         monkeypatch.setenv(name, _fill(value, project, closed))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again (a case may move it)
     argv = [
         "rocwheels",
         "--recipes-dir",

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import io
 import struct
+import subprocess
+import sys
 import zipfile
 import zlib
 
 import pytest
 import zstandard
+from conftest import _platform_wheel
+from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.cli import main
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipe
 from pipeline.errors import RocwheelsError
@@ -173,3 +178,56 @@ def test_offload_bundle_parser(data: bytes) -> None:
         parse_fatbin(data)
     except RocwheelsError:
         pass
+
+
+# --- damaged ELF files through inspect, verify and repair ---
+_ELF_EXAMPLES = settings(BOUNDED, max_examples=12)
+
+
+@pytest.fixture(scope="module")
+def shared_library(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """A small library with a dynamic section and symbol versions (puts@GLIBC_2.2.5)."""
+    folder = tmp_path_factory.mktemp("elf")
+    (folder / "lib.c").write_text('#include <stdio.h>\nint alpha_one(void) { return puts("one"); }\n')
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(folder / "lib.so"), str(folder / "lib.c")], check=True)
+    return (folder / "lib.so").read_bytes()
+
+
+def _damage(data: bytes, how: tuple[str, int, bytes]) -> bytes:
+    """``data`` cut short, or ``noise`` written into one of its sections (dynamic, symbol versions, ...)."""
+    kind, at, noise = how
+    if kind == "truncate":
+        return data[: at % len(data)]
+    if kind == "header":
+        start, size = 0, 64
+    else:
+        section = ELFFile(io.BytesIO(data)).get_section_by_name(kind)
+        start, size = section["sh_offset"], section["sh_size"]
+    offset = start + at % max(size, 1)
+    return data[:offset] + noise + data[offset + len(noise) :]
+
+
+ELF_DAMAGE = st.tuples(
+    st.sampled_from(["truncate", "header", ".dynamic", ".gnu.version_r", ".gnu.version", ".dynstr", ".dynsym"]),
+    st.integers(0, 1 << 16),
+    st.binary(min_size=1, max_size=48),
+)
+
+
+@_ELF_EXAMPLES
+@given(ELF_DAMAGE)
+def test_damaged_elf_through_inspect_verify_and_repair(
+    shared_library: bytes, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch, how
+) -> None:
+    """Each command ends with a verdict or a RocwheelsError (exit 0 or 1), never another exception."""
+    folder = tmp_path_factory.mktemp("fuzz")
+    wheel = _platform_wheel(folder, "alpha", {"alpha/libalpha.so": _damage(shared_library, how)}, version="1.0")
+    for command in (["inspect"], ["verify", "--no-smoke"], ["repair", "-w", str(folder / "out")]):
+        argv = ["rocwheels", "--recipes-dir", str(folder / "none"), "--work-dir", str(folder / "build"), *command]
+        monkeypatch.setattr(sys, "argv", [*argv, str(wheel)])
+        try:
+            main()
+            status = 0
+        except SystemExit as exc:
+            status = exc.code
+        assert status in (0, 1), (command, how)

@@ -271,12 +271,43 @@ def test_a_child_process_is_stopped_with_rocwheels(tmp_path: Path) -> None:
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+def _dead_pid() -> int:
+    finished = subprocess.Popen([sys.executable, "-c", ""])
+    finished.wait()
+    return finished.pid
+
+
 def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
-    """Leftovers of a run killed with SIGKILL (no cleanup possible) are removed by the next run."""
+    """Leftovers of a run killed with SIGKILL (no cleanup possible) are removed by the next run;
+    a user's own dot files of the same shapes, and a live run's TMPDIR folder, are not touched."""
     wheelhouse = tmp_path / "wheelhouse"
     _write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
-    (wheelhouse / ".alpha-1.0+rocm9.9-py3-none-any.whl.partial").write_bytes(b"half")
-    (wheelhouse / ".simple-dead").mkdir()
+    dead = _dead_pid()
+    (wheelhouse / f".alpha-1.0+rocm9.9-py3-none-any.whl.rocwheels-{dead}-x1y2.partial").write_bytes(b"half")
+    (wheelhouse / f".simple-rocwheels-{dead}-abc").mkdir()
+    users = [".notes.partial", ".simple-mine", ".simple-old.link"]
+    for name in users:
+        (wheelhouse / name).write_text("the user's\n")
+    # TMPDIR: the folder of a run killed with SIGKILL (its lock file unlocked) and one of a live run.
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir(exist_ok=True)
+    (tmpdir / "rocwheels-run-dead").mkdir()
+    (tmpdir / "rocwheels-run-dead" / ".owner.lock").touch()
+    (tmpdir / "rocwheels-run-dead" / "big").write_bytes(b"x" * 1000)
+    live = tmpdir / "rocwheels-run-live"
+    live.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); print(flush=True); sys.stdin.read()",
+            str(live / ".owner.lock"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout is not None
+    holder.stdout.readline()
     result = run(
         [
             sys.executable,
@@ -290,11 +321,14 @@ def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
             "build",
         ],
         cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmpdir)},
     )
+    holder.communicate(b"")
     assert "removed leftovers of an interrupted run" in result.output
-    assert sorted(p.name for p in wheelhouse.iterdir() if p.name.startswith(".") and p.name != ".rocwheels.lock") == [
-        (wheelhouse / "simple").resolve().name
-    ]
+    assert sorted(
+        p.name for p in wheelhouse.iterdir() if p.name.startswith(".") and p.name != ".rocwheels.lock"
+    ) == sorted([(wheelhouse / "simple").resolve().name, *users])
+    assert sorted(p.name for p in tmpdir.iterdir()) == ["rocwheels-run-live"]
 
 
 REPAIR_POINTS = {

@@ -83,3 +83,62 @@ def test_two_index_builds_at_once_both_succeed(tmp_path: Path) -> None:
     generations = [p for p in wheelhouse.iterdir() if p.name.startswith(".simple-")]
     assert generations == [(wheelhouse / "simple").resolve()]
     assert (wheelhouse / "constraints-rocm9.9.txt").read_text().count("==1.0+rocm9.9") == 20
+
+
+def test_two_wheels_runs_with_one_work_folder_take_turns(tmp_path: Path) -> None:
+    """Two `wheels` runs into different wheelhouses share the work folder (build/): the second waits
+    for the first instead of emptying its build folders under it."""
+    from test_failures import _project, escaping_tar_source
+
+    project = _project(tmp_path / "project")
+    escaping_tar_source(project)  # a recipe whose build stops early (at unpacking), after the lock
+    work = tmp_path / "build"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(project.tmp)}
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom pathlib import Path\nfrom pipeline.util.runlock import wheelhouse_lock\n"
+            f"with wheelhouse_lock(Path({str(work)!r}), what='work folder'):\n"
+            "    print('locked', flush=True)\n    sys.stdin.readline()\n",
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "locked"
+    second = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline",
+            "--recipes-dir",
+            project.recipes,
+            "--wheelhouse",
+            tmp_path / "other-wheelhouse",
+            "--work-dir",
+            work,
+            "wheels",
+            "--driver",
+            "local",
+            "--arch",
+            "gfx90a",
+            "--recipes",
+            "alpha",
+        ],
+        env=env,
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines = iter(second.stderr.readline, "")
+    waiting = next((line for line in lines if "waiting" in line), "")
+    assert "waiting for another rocwheels run using" in waiting and str(work) in waiting
+    time.sleep(0.5)
+    assert second.poll() is None and not (work / "work").exists()  # nothing touched while it waits
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert holder.wait(timeout=30) == 0
+    _, err = second.communicate(timeout=120)
+    assert "Traceback" not in err and "unsafe member" in err, err

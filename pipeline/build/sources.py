@@ -64,11 +64,12 @@ def prepare_source(recipe: Recipe, recipes_dir: Path, dest: Path, *, log_file: P
             logger=logger,
         )
     root = dest / source.subdir if source.subdir else dest
-    if not root.is_dir():
+    # The recipe's subdir is a plain relative path; a link inside the source must not lead out either.
+    if not root.is_dir() or not root.resolve().is_relative_to(dest.resolve()):
         raise ConfigError(
             recipe_path(recipes_dir, recipe.name),
             f"versions.{recipe.version}.source.subdir",
-            f"{source.subdir!r} is not a folder of the source",
+            f"{source.subdir!r} is not a folder inside the source",
         )
     return root
 
@@ -125,12 +126,23 @@ def _unpack(archive: Path, dest: Path) -> None:
     """Unpack an sdist; a single top-level folder (the usual ``name-version/``) becomes ``dest``."""
     staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".unpack-"))
     try:
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as zipped:
-                zipped.extractall(staging)
-        else:
-            with tarfile.open(archive) as tarred:
-                tarred.extractall(staging, filter="data")
+        try:
+            if zipfile.is_zipfile(archive):
+                with zipfile.ZipFile(archive) as zipped:
+                    zipped.extractall(staging)
+            else:
+                with tarfile.open(archive) as tarred:
+                    tarred.extractall(staging, filter="data")
+        except tarfile.FilterError as exc:  # a member or link that leads out of the folder, a device file
+            raise RocwheelsError(
+                f"{archive}: unsafe member: {exc}; nothing of it was built",
+                fix="do not build from this archive; check that the recipe's url and sha256 name the project's real release",
+            ) from None
+        except (tarfile.TarError, zipfile.BadZipFile) as exc:
+            raise RocwheelsError(
+                f"{archive}: not a readable source archive ({exc})",
+                fix="check the recipe's url: it must name a .tar.gz, .tar.bz2, .tar.xz or .zip source archive",
+            ) from None
         entries = list(staging.iterdir())
         top = entries[0] if len(entries) == 1 and entries[0].is_dir() else staging
         shutil.move(top, dest)

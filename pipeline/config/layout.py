@@ -7,10 +7,18 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.errors import InputError
+
 
 def cache_dir() -> Path:
     """rocwheels' cache: downloads, compiler cache, repair notes (``ROCWHEELS_CACHE`` moves it)."""
-    return Path(os.environ.get("ROCWHEELS_CACHE", Path.home() / ".cache" / "rocwheels"))
+    cache = Path(os.environ.get("ROCWHEELS_CACHE", Path.home() / ".cache" / "rocwheels"))
+    if cache.exists() and not cache.is_dir():
+        raise InputError(
+            f"the cache {cache} is a file, not a folder",
+            fix="set ROCWHEELS_CACHE to a folder (it is created if missing), or remove that file",
+        )
+    return cache
 
 
 def fresh_dir(path: Path) -> Path:

@@ -19,7 +19,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from pipeline.config.models import Model, read_toml, validate
+from pipeline.config.models import Model, plain_name, read_toml, validate
 from pipeline.config.recipes import LOCK_FILE, RecipeFile, recipe_path
 from pipeline.config.targets import GpuTarget, known_processor_list, parse_targets
 from pipeline.config.toolchain import ROCM_PATH, rocm_lib_dir
@@ -234,6 +234,14 @@ class Lock(Model):
                 f"this rocwheels reads lock schema {SCHEMA_VERSION}, not {schema}: upgrade rocwheels or write schema_version = {SCHEMA_VERSION}"
             )
         return schema
+
+    @field_validator("lines")
+    @classmethod
+    def _line_names(cls, lines: dict[str, Line]) -> dict[str, Line]:
+        # A line's name becomes file names (recipes/constraints/<line>.txt): never a path.
+        for name in lines:
+            plain_name(name, "lines: the line name")
+        return lines
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,28 @@ from pipeline.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
 _SUBFIELD = re.compile(r"^(\w[\w.+\[\]-]*): (.+)$", re.DOTALL)
+# A name that becomes part of a path rocwheels writes (a line's constraints file, a recipe's work
+# folder): one plain component, so no value can point outside the project.
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def plain_name(value: str, what: str) -> str:
+    """``value`` if it is one plain file name (no separator, no ``..``, not absolute); else ValueError."""
+    if not _PLAIN_NAME.fullmatch(value) or ".." in value:
+        raise ValueError(
+            f"{what} {value!r} must be a plain name: letters, digits and . _ + - (no '/', no '..', not absolute)"
+        )
+    return value
+
+
+def inside_path(value: str, what: str) -> str:
+    """``value`` if it is a relative path of plain names (``python`` or ``python/src``; ``.`` alone
+    for "this folder"): never absolute, never ``..``, so it stays inside the folder it is joined to."""
+    if value != "." and not all(_PLAIN_NAME.fullmatch(part) and ".." not in part for part in value.split("/")):
+        raise ValueError(
+            f"{what} {value!r} must be a relative path of plain names inside its folder (no '..', not absolute, no '\\')"
+        )
+    return value
 
 
 class Model(BaseModel):

@@ -60,6 +60,13 @@ def parse_targets(arch: str) -> tuple[GpuTarget, ...]:
                 f"unknown GPU target {word!r} in ARCH={arch!r}",
                 fix=f"use AMD processor names such as gfx90a or gfx942; known: {', '.join(known_processors())}",
             )
+        features = re.findall(r":(\w+)[+-]", match.group(2))
+        repeated = sorted({name for name in features if features.count(name) > 1})
+        if repeated:  # gfx90a:xnack+:xnack- asks for code that both has and lacks the feature
+            raise InputError(
+                f"GPU target {word!r} in ARCH={arch!r} sets {', '.join(repeated)} more than once",
+                fix=f"give each feature once, e.g. {match.group(1)}:{repeated[0]}+ or {match.group(1)}:{repeated[0]}-",
+            )
         target = GpuTarget(match.group(1), match.group(2))
         warn_if_unverified(target.processor)
         if target not in parsed:

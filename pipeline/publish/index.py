@@ -24,8 +24,8 @@ from packaging.version import Version
 
 from pipeline.config.layout import Layout
 from pipeline.errors import RocwheelsError
-from pipeline.util.files import atomic_write, file_sha256
-from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, wheelhouse_lock
+from pipeline.util.files import atomic_write, file_sha256, raise_write_error
+from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, generation_prefix, wheelhouse_lock
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.wheel.archive import check_wheel, parse_wheel_name, split_variant
 from pipeline.wheel.variant import merge_variants_json, variants_json_name
@@ -142,7 +142,10 @@ def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
         )
     # The pages link each release's variants.json: it is written first, from the wheels listed.
     write_variants_json(w for wheels in lines.values() for w in wheels)
-    generation = Path(tempfile.mkdtemp(prefix=GENERATION_PREFIX, dir=wheelhouse))
+    try:
+        generation = Path(tempfile.mkdtemp(prefix=generation_prefix(), dir=wheelhouse))
+    except OSError as exc:
+        raise_write_error(exc, wheelhouse / INDEX_LINK)
     pending_link = wheelhouse / f"{generation.name}.link"
     try:
         for label, wheels in lines.items():
@@ -152,9 +155,11 @@ def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
         previous = link.resolve() if link.is_symlink() else None
         pending_link.symlink_to(generation.name)
         os.replace(pending_link, link)
-    except BaseException:
+    except BaseException as exc:
         pending_link.unlink(missing_ok=True)
         shutil.rmtree(generation, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise_write_error(exc, generation)
         raise
     if previous and previous.parent == wheelhouse.resolve() and previous.name.startswith(GENERATION_PREFIX):
         shutil.rmtree(previous, ignore_errors=True)

@@ -150,6 +150,13 @@ class AnalysisAside:
             return outcome.result()
         except BrokenProcessPool:
             raise _analysis_stopped() from None
+        except RocwheelsError:
+            raise
+        except Exception as exc:  # auditwheel reads ELF files rocwheels' checks let through; it crashes on damage
+            raise RocwheelsError(
+                f"auditwheel could not analyse the wheel ({type(exc).__name__}: {exc}); an ELF file in it is likely damaged",
+                fix="run `rocwheels inspect` on the wheel to see which file, and rebuild the wheel",
+            ) from None
 
 
 def _analysis_stopped() -> RocwheelsError:

@@ -43,6 +43,7 @@ from pipeline.config.layout import cache_dir
 from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
+from pipeline.util.files import writes_into
 from pipeline.util.log import LOGGER, AnyLogger
 from pipeline.wheel.zipwrite import (
     Added,
@@ -244,7 +245,11 @@ def repair_wheel(
 
     # In TMPDIR: the ELF files, unpacked twice (ours, and auditwheel's copy while it analyses).
     # The analysis process ends before its folder goes.
-    with tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp, audit.AnalysisAside(Path(temp)) as aside:
+    with (
+        writes_into(Path(tempfile.gettempdir())),
+        tempfile.TemporaryDirectory(prefix="rocwheels-repair-") as temp,
+        audit.AnalysisAside(Path(temp)) as aside,
+    ):
         work = Path(temp)
         with open_wheel(raw_wheel) as archive:
             members = {info.filename: info for info in archive.infolist()}
@@ -369,7 +374,16 @@ def repair_wheel(
                 final = copy_file(source, dest)  # nothing to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
     written = _identity(final)
-    _remember(_repaired_marker(final.name, settings), piecewise_sha256(final), final, written)
+    marker = _repaired_marker(final.name, settings)
+    try:
+        _remember(marker, piecewise_sha256(final), final, written)
+    except OSError as exc:  # the note only saves a later repair of this very file; the wheel is done
+        log.warning(
+            "cannot keep a note of this repair in the cache (%s: %s); the next repair of it runs again in full. "
+            "Make ROCWHEELS_CACHE a writable folder to keep notes",
+            marker.parent,
+            exc.strerror or exc,
+        )
     log.info(
         "repaired %s -> %s in %.1f s (ELF files unpacked in %.1f s; then the other members' hashes checked, RPATHs of %d files set and deflated %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
@@ -449,7 +463,7 @@ def _read_note(marker: Path) -> tuple[str, list[str]] | None:
     """The note ``_repaired_marker`` names: (fingerprint, identities of files with those bytes)."""
     try:
         fingerprint, *files = marker.read_text(encoding="ascii").split()
-    except (FileNotFoundError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError):  # none yet, or an unreadable cache: repair anew
         return None
     return fingerprint, files
 

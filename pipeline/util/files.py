@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -9,23 +10,37 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
-# The temporary name's suffix: the wheelhouse lock removes ``.*.partial`` files a killed run left.
+from pipeline.errors import RocwheelsError
+
+# The temporary name's suffix, and the mark of the run that writes it: the wheelhouse lock removes
+# ``.*.rocwheels-<pid>-*.partial`` files a killed run left, never another ``.partial`` file.
 PARTIAL_SUFFIX = ".partial"
+RUN_MARK = "rocwheels"
+
+
+def run_mark() -> str:
+    """What every temporary name this process writes carries: ``rocwheels-<pid>``."""
+    return f"{RUN_MARK}-{os.getpid()}"
 
 
 @contextmanager
 def atomic_write(target: Path, *, mode: int | None = None, sync: bool = False) -> Iterator[io.BufferedRandom]:
     """A file to write ``target``'s new bytes into, renamed over ``target`` when the block ends.
 
-    The file is ``.<name>.XXXX.partial`` in ``target``'s folder (a rename within one file system is
+    The file is ``.<name>.rocwheels-<pid>-XXXX.partial`` in ``target``'s folder (a rename within one file system is
     atomic; the dot hides it from index listings). An exception, or an interruption, in the block
     removes it and leaves ``target`` as it was. ``mode`` is set before the first byte is written
     (None: as a new file gets it, 0o666 less the umask); ``sync`` flushes the bytes to disk before
     the rename, for a file too costly to lose to a crash right after.
     """
-    handle, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=PARTIAL_SUFFIX)
+    try:
+        handle, name = tempfile.mkstemp(
+            dir=target.parent, prefix=f".{target.name}.{run_mark()}-", suffix=PARTIAL_SUFFIX
+        )
+    except OSError as exc:
+        raise_write_error(exc, target)
     temp = Path(name)
     try:
         os.fchmod(handle, mode if mode is not None else 0o666 & ~_umask())
@@ -35,6 +50,9 @@ def atomic_write(target: Path, *, mode: int | None = None, sync: bool = False) -
                 stream.flush()
                 os.fsync(stream.fileno())
         os.replace(temp, target)
+    except OSError as exc:
+        temp.unlink(missing_ok=True)
+        raise_write_error(exc, target)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
@@ -52,6 +70,50 @@ def file_sha256(file: Path | BinaryIO) -> str:
     for block in iter(lambda: file.read(1 << 20), b""):
         digest.update(block)
     return digest.hexdigest()
+
+
+# Errors that say where a file was to be written, not what it held: a full, read-only or
+# forbidden folder. Each becomes one message naming the file and what to do.
+_WHY = {
+    errno.ENOSPC: "no space left on its disk",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file is larger than its file system allows",
+    errno.EROFS: "it is on a read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "a part of its path is a file, not a folder",
+}
+
+
+def write_error(exc: OSError, target: Path | str | None) -> RocwheelsError | None:
+    """A RocwheelsError for a failed write of ``target`` (or the file the error names), if
+    ``exc`` is about the place (full, read-only, forbidden) rather than something else."""
+    why = _WHY.get(exc.errno or 0)
+    if why is None:
+        return None
+    where = exc.filename or target or "a file"
+    return RocwheelsError(
+        f"cannot write {where}: {why}",
+        fix="free space there or make it writable, or point rocwheels elsewhere "
+        "(--wheelhouse, --work-dir, -w for repair, TMPDIR, ROCWHEELS_CACHE)",
+    )
+
+
+def raise_write_error(exc: OSError, target: Path) -> NoReturn:
+    """Raise :func:`write_error`'s error for ``exc``, or ``exc`` itself when it is not about the place."""
+    error = write_error(exc, target)
+    if error is None:
+        raise exc
+    raise error from None
+
+
+@contextmanager
+def writes_into(place: Path) -> Iterator[None]:
+    """A full, read-only or forbidden ``place`` in the block becomes :func:`write_error`'s message."""
+    try:
+        yield
+    except OSError as exc:
+        raise_write_error(exc, place)
 
 
 def _umask() -> int:

@@ -5,11 +5,16 @@ Ctrl-C (SIGINT) and a CI cancel or timeout (SIGTERM) are treated alike: the firs
 BaseException`` on the way out removes what it was writing (partial wheels, index generations,
 downloads). Temporary files of rocwheels and of the tools it runs (auditwheel unpacks a whole
 wheel into TMPDIR) go into one private folder that is removed on the way out, whatever left it
-there. Further signals during that cleanup are ignored so it can finish.
+there. Further signals during that cleanup are ignored so it can finish. A run killed with
+SIGKILL cannot clean up: its folder stays locked (``flock``) only while its process lives, and the
+next run removes such folders of dead runs, never one whose run is still going.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
 import shutil
 import signal
@@ -20,9 +25,44 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.errors import Interrupted
+from pipeline.util.files import raise_write_error
+
+log = logging.getLogger("rocwheels")
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 PRIVATE_PREFIX = "rocwheels-run-"
+# In each private folder: locked by its run for the run's lifetime (the kernel drops the lock when
+# the process dies, in whatever way), so a folder whose lock can be taken is a dead run's.
+OWNER_LOCK = ".owner.lock"
+
+
+def _claim(private: Path) -> int:
+    """Lock ``private`` as this run's; the descriptor stays open (not inherited by commands) until released."""
+    descriptor = os.open(private / OWNER_LOCK, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    return descriptor
+
+
+def remove_dead_runs(parent: Path) -> list[Path]:
+    """Remove the private folders under ``parent`` of runs that no longer live (killed with SIGKILL)."""
+    removed = []
+    for folder in parent.glob(PRIVATE_PREFIX + "*"):
+        try:
+            descriptor = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:  # no lock file: not a folder of this kind, or another user's; left alone
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # its run still holds it
+            continue
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        finally:
+            os.close(descriptor)
+    if removed:
+        log.info("removed temporary folders of interrupted runs: %s", ", ".join(str(f) for f in removed))
+    return removed
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -60,7 +100,19 @@ def interruptible() -> Iterator[Path]:
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
     # Held back until the cleanup below is in place: a signal in between would leave the folder.
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX))
+    parent = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):  # an unreadable TMPDIR is reported by mkdtemp just below
+        remove_dead_runs(parent)
+    try:
+        private = Path(tempfile.mkdtemp(prefix=PRIVATE_PREFIX, dir=parent))
+        try:
+            owner = _claim(private)
+        except BaseException:
+            shutil.rmtree(private, ignore_errors=True)
+            raise
+    except OSError as exc:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+        raise_write_error(exc, parent / f"{PRIVATE_PREFIX}*")
     saved_env, saved_tempdir = os.environ.get("TMPDIR"), tempfile.tempdir
     # Children inherit TMPDIR from the environment; this process's tempfile reads tempfile.tempdir.
     os.environ["TMPDIR"] = tempfile.tempdir = str(private)
@@ -73,6 +125,7 @@ def interruptible() -> Iterator[Path]:
         for signum in SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         shutil.rmtree(private, ignore_errors=True)
+        os.close(owner)
         tempfile.tempdir = saved_tempdir
         if saved_env is None:
             os.environ.pop("TMPDIR", None)

@@ -161,9 +161,16 @@ def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalys
         raw = []
         for name in elf_names:
             extracted = extract(archive, [name], Path(scratch))[name]
-            elf = read_elf(extracted, with_fatbin=False)
+            try:
+                elf = read_elf(extracted, with_fatbin=False)
+                versions = symbol_versions(extracted)
+            except ElfError as exc:  # named by its member, not by the scratch copy
+                raise ElfError(
+                    f"{path}: {name}: {exc.message.removeprefix(f'{extracted}: ')}",
+                    fix="do not install or publish this wheel: the loader would crash on it; rebuild it",
+                ) from None
             # The GPU code is streamed from a mapping of the file, never held: a torch wheel holds gigabytes of it.
-            raw.append((name, elf, _code_objects(extracted), symbol_versions(extracted)))
+            raw.append((name, elf, _code_objects(extracted), versions))
             extracted.unlink()  # one large library at a time on disk
     installed = {_install_path(name): elf for name, elf, _, _ in raw if elf.machine != "EM_AMDGPU"}
     loader = MUSL_LOADER if libc_of(list(installed.values())) is Libc.MUSL else GLIBC_LOADER

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 import shutil
 import stat
@@ -34,7 +35,7 @@ from packaging.utils import (
 from packaging.version import InvalidVersion, Version
 from variantlib.constants import VALIDATION_WHEEL_NAME_REGEX
 
-from pipeline.errors import RocwheelsError
+from pipeline.errors import InputError, RocwheelsError
 from pipeline.wheel.zipwrite import Added, record_lines, write_wheel
 
 # Signatures over RECORD: any rewrite invalidates them, so a rewrite drops them.
@@ -42,6 +43,21 @@ _RECORD_SIGNATURES = ("RECORD.jws", "RECORD.p7s")
 _COPY_CHUNK = 1 << 20
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _REBUILD = "rebuild the wheel; this file is damaged or was not written by a wheel build backend"
+# RECORD hashes that still mean "these bytes" (the wheel spec asks for sha256 or stronger).
+_STRONG_HASHES = frozenset({"sha256", "sha384", "sha512", "sha3_256", "sha3_384", "sha3_512", "blake2b"})
+# Longest file name part and path Linux file systems write (NAME_MAX, PATH_MAX less room for the
+# install prefix); a member past either cannot be installed.
+_MAX_NAME_BYTES = 255
+_MAX_PATH_BYTES = 3072
+# Bounds on what a wheel may inflate to, checked before any member is read. The largest real
+# wheels (torch with ROCm) inflate to a few GB, their members by less than 20 times; a deflate
+# stream of zeros reaches ~1000 times. Members under the floor are not judged by ratio.
+MAX_UNPACKED_VARIABLE = "ROCWHEELS_MAX_UNPACKED"
+MAX_RATIO_VARIABLE = "ROCWHEELS_MAX_RATIO"
+_DEFAULT_MAX_UNPACKED = 64 << 30
+_DEFAULT_MAX_RATIO = 200
+_RATIO_FLOOR = 1 << 20
+_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def split_variant(filename: str) -> tuple[str, str | None]:
@@ -121,6 +137,8 @@ def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
         repeated = sorted(name for name, count in Counter(i.filename for i in infos).items() if count > 1)
         if repeated:
             raise RocwheelsError(f"{path}: members stored more than once: {_some(repeated)}", fix=_REBUILD)
+        _check_inflated_size(path, infos)
+        _check_installable_names(path, infos)
         files = {info.filename for info in infos if not info.is_dir()}
 
         dist_info = _dist_info_folder(path, files)
@@ -161,6 +179,12 @@ def check_wheel(path: Path, *, verify_hashes: bool = True) -> WheelInfo:
             if not value
         ]
         raise RocwheelsError(f"{path}: {', '.join(missing)} missing", fix=_REBUILD)
+    # pip installs what METADATA says: a file name that says otherwise misleads every check by name.
+    if canonicalize_name(name) != filename_name or not _same_version(version, filename_version):
+        raise RocwheelsError(
+            f"{path}: METADATA says {name} {version}, the file name {filename_name} {filename_version}",
+            fix="rename the file after the project and version in METADATA, or rebuild the wheel",
+        )
     return WheelInfo(
         path=path,
         name=name,
@@ -287,12 +311,17 @@ def _dist_info_hint(missing: list[str], dist_info: str) -> str:
 
 
 def _verify_hashes(path: Path, archive: zipfile.ZipFile, record: dict[str, tuple[str, str]]) -> None:
+    unhashed = {name for name in record if name.endswith("/RECORD") or name.rsplit("/", 1)[-1] in _RECORD_SIGNATURES}
     for name, (recorded, size) in record.items():
-        if not recorded:
+        if name in unhashed:
             continue
+        if not recorded:  # a row without a hash would switch off the check of that very file
+            raise RocwheelsError(f"{path}: RECORD has no hash for {name}", fix=_REBUILD)
         algorithm, _, _ = recorded.partition("=")
-        if algorithm not in hashlib.algorithms_guaranteed or algorithm in ("md5", "sha1"):
-            raise RocwheelsError(f"{path}: RECORD hash for {name} uses {algorithm!r}", fix=_REBUILD)
+        if algorithm not in _STRONG_HASHES:
+            raise RocwheelsError(
+                f"{path}: RECORD hash for {name} uses {algorithm!r}, not sha256 or stronger", fix=_REBUILD
+            )
         digest = hashlib.new(algorithm)
         length = 0
         with archive.open(name) as data:
@@ -304,6 +333,78 @@ def _verify_hashes(path: Path, archive: zipfile.ZipFile, record: dict[str, tuple
                 f"{path}: member {name} does not match its RECORD hash or size: it changed after the wheel was built",
                 fix="do not install, repair or publish this file; rebuild the wheel from its recipe",
             )
+
+
+def _check_installable_names(path: Path, infos: list[zipfile.ZipInfo]) -> None:
+    """Refuse member names an installer cannot write as they are: a name longer than a file
+    system allows, two names that differ only in case (one file on macOS and Windows), and a
+    file that is also another member's folder."""
+    files = [info.filename for info in infos if not info.is_dir()]
+    for name in files:
+        long = [part for part in name.split("/") if len(part.encode("utf-8")) > _MAX_NAME_BYTES]
+        if long or len(name.encode("utf-8")) > _MAX_PATH_BYTES:
+            raise RocwheelsError(
+                f"{path}: member {name[:80]}… has a name longer than file systems allow "
+                f"({_MAX_NAME_BYTES} bytes a part, {_MAX_PATH_BYTES} in all)",
+                fix=_REBUILD,
+            )
+    folded: dict[str, str] = {}
+    for name in sorted({*files, *(info.filename.rstrip("/") for info in infos if info.is_dir())}):
+        other = folded.setdefault(name.casefold(), name)
+        if other != name:
+            raise RocwheelsError(
+                f"{path}: members {other} and {name} differ only in case: on macOS and Windows one overwrites the other",
+                fix=_REBUILD,
+            )
+    folders = {str(parent) for name in files for parent in PurePosixPath(name).parents if str(parent) != "."}
+    clashes = sorted(set(files) & folders)
+    if clashes:
+        raise RocwheelsError(
+            f"{path}: {_some(clashes)} is both a file and the folder of other members: no installer can write both",
+            fix=_REBUILD,
+        )
+
+
+def _check_inflated_size(path: Path, infos: list[zipfile.ZipInfo]) -> None:
+    """Refuse, before anything is inflated, an archive that would inflate past the bounds
+    (``ROCWHEELS_MAX_UNPACKED``, ``ROCWHEELS_MAX_RATIO``): a zip bomb of 2 MB holding 2 GB would
+    otherwise take that much memory in repair and disk in the smoke test. The sizes are those the
+    archive declares; reading stops there (zipfile reads a member up to its declared size)."""
+    limit, ratio = inflate_bounds()
+    total = sum(info.file_size for info in infos)
+    if total > limit:
+        raise RocwheelsError(
+            f"{path}: inflates to {total} bytes, more than the bound of {limit}",
+            fix=f"rebuild the wheel, or if it is this big for a reason raise {MAX_UNPACKED_VARIABLE} (bytes, or with K/M/G/T)",
+        )
+    for info in infos:
+        if info.file_size > _RATIO_FLOOR and info.file_size > ratio * max(info.compress_size, 1):
+            raise RocwheelsError(
+                f"{path}: member {info.filename} inflates {info.compress_size} bytes to {info.file_size} "
+                f"(more than {ratio} times): refused as a zip bomb",
+                fix=f"rebuild the wheel; if the member really compresses this well, raise {MAX_RATIO_VARIABLE}",
+            )
+
+
+def inflate_bounds() -> tuple[int, int]:
+    """(largest total inflated size in bytes, largest compression ratio of one member)."""
+    return (
+        _bound(MAX_UNPACKED_VARIABLE, _DEFAULT_MAX_UNPACKED, with_unit=True),
+        _bound(MAX_RATIO_VARIABLE, _DEFAULT_MAX_RATIO, with_unit=False),
+    )
+
+
+def _bound(variable: str, default: int, *, with_unit: bool) -> int:
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    number, unit = (text[:-1], text[-1].upper()) if with_unit and text[-1].upper() in _UNITS else (text, "")
+    if not number.isdigit() or int(number) == 0:
+        raise InputError(
+            f"{variable}={text!r} is not a positive whole number{' (bytes, or with K/M/G/T)' if with_unit else ''}",
+            fix=f"set {variable} to e.g. {'64G' if with_unit else default}, or unset it for the default",
+        )
+    return int(number) * _UNITS.get(unit, 1)
 
 
 def _headers(archive: zipfile.ZipFile, name: str) -> Message:

@@ -16,6 +16,7 @@ from elftools.common.exceptions import ELFError
 from elftools.construct import ConstructError
 from elftools.elf.dynamic import DynamicSection, DynamicTag
 from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection
 
 from pipeline.config.gpu_processors import gpu_processors
 from pipeline.errors import RocwheelsError
@@ -78,9 +79,13 @@ def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
     needed: list[str] = []
     rpath: list[str] = []
     runpath: list[str] = []
+    _check_header_tables(elf, file_size)
     for section in elf.iter_sections():
+        if isinstance(section, GNUVerNeedSection | GNUVerDefSection):
+            _check_versions(section, file_size)
         if not isinstance(section, DynamicSection):
             continue
+        _check_dynamic(elf, section, file_size)
         for tag in section.iter_tags():
             kind = tag.entry.d_tag
             if kind == "DT_SONAME":
@@ -101,6 +106,68 @@ def _read(elf: ELFFile, file_size: int, with_fatbin: bool) -> ElfInfo:
         hip_fatbin=_section_bytes(elf, ".hip_fatbin", file_size) if with_fatbin else None,
         amdgpu_processor=amdgpu_processor(elf["e_flags"]) if machine == "EM_AMDGPU" else None,
     )
+
+
+# Tags of the dynamic section: the generic ones (the standard defines up to 0x25 so far; newer
+# ones pyelftools may not name yet, such as DT_RELR, stay welcome) and the ranges left to
+# operating systems and processors. Anything else is not a dynamic section.
+_KNOWN_TAG_RANGES = (range(0, 0x1000), range(0x6000000D, 0x80000000))
+_STRING_TAGS = ("DT_NEEDED", "DT_SONAME", "DT_RPATH", "DT_RUNPATH")
+
+
+def _check_dynamic(elf: ELFFile, section: DynamicSection, file_size: int) -> None:
+    """Refuse a dynamic section the loader could not use: outside the file, entries of the wrong
+    size, no string table, unknown tags, or names pointing outside the string table. (The loader
+    maps such a library and then crashes the process that imports it.)"""
+    _within_file(section, file_size)
+    entry_size = 16 if elf.elfclass == 64 else 8
+    if section["sh_entsize"] != entry_size:
+        raise ValueError(f"dynamic section: entries of {section['sh_entsize']} bytes, not {entry_size}")
+    strings = elf.get_section(section["sh_link"]) if 0 < section["sh_link"] < elf.num_sections() else None
+    if strings is None or strings["sh_type"] != "SHT_STRTAB":
+        raise ValueError(f"dynamic section: its string table (section {section['sh_link']}) is not one")
+    _within_file(strings, file_size)
+    for index, tag in enumerate(section.iter_tags()):
+        kind = tag.entry.d_tag
+        if isinstance(kind, int) and not any(kind in tags for tags in _KNOWN_TAG_RANGES):
+            raise ValueError(f"dynamic section: entry {index} has the unknown tag 0x{kind:x}")
+        if kind in _STRING_TAGS and tag.entry.d_val >= strings["sh_size"]:
+            raise ValueError(f"dynamic section: entry {index} ({kind}) names a string past the end of its table")
+
+
+def _check_header_tables(elf: ELFFile, file_size: int) -> None:
+    """The program and section header tables lie inside the file with entries of the standard size
+    (auditwheel and the loader read them all; pyelftools would read garbage past the end)."""
+    wide = elf.elfclass == 64
+    for table, offset, count, size, standard in (
+        ("program header", "e_phoff", "e_phnum", "e_phentsize", 56 if wide else 32),
+        ("section header", "e_shoff", "e_shnum", "e_shentsize", 64 if wide else 40),
+    ):
+        if not elf[count]:
+            continue
+        if elf[size] != standard:
+            raise ValueError(f"{table} entries of {elf[size]} bytes, not {standard}")
+        end = elf[offset] + elf[count] * elf[size]
+        if end > file_size:
+            raise ValueError(f"the {table} table ends at 0x{end:x}, past the end of the file (0x{file_size:x} bytes)")
+
+
+def _check_versions(section: Any, file_size: int) -> None:
+    """Read every entry of a symbol version section (``.gnu.version_r``/``_d``), as loader and
+    auditwheel will: one that does not parse is a damaged file, not "needs no versions"."""
+    _within_file(section, file_size)
+    try:
+        for _, auxiliaries in section.iter_versions():
+            for auxiliary in auxiliaries:
+                auxiliary.name  # noqa: B018 (resolving the name is the check)
+    except (ELFError, ConstructError, UnicodeDecodeError) as exc:
+        raise ValueError(f"section {section.name} does not parse: {exc}") from None
+
+
+def _within_file(section: Any, file_size: int) -> None:
+    end = section["sh_offset"] + section["sh_size"]
+    if section["sh_type"] != "SHT_NOBITS" and end > file_size:
+        raise ValueError(f"section {section.name} ends at 0x{end:x}, past the end of the file (0x{file_size:x} bytes)")
 
 
 def section_span(path: str | os.PathLike[str], name: str) -> tuple[int, int] | None:

@@ -21,6 +21,8 @@ from auditwheel.policy import WheelPolicies
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from pipeline.wheel.elf import ElfError
+
 # (needed library, version) pairs, e.g. ("libc.so.6", "GLIBC_2.34")
 SymbolVersions = Iterable[tuple[str, str]]
 
@@ -36,8 +38,8 @@ def symbol_versions(path: Path) -> tuple[tuple[str, str], ...]:
     try:
         with path.open("rb") as stream:
             return tuple(elf_find_versioned_symbols(ELFFile(stream)))
-    except ELFError:
-        return ()  # not a file the loader would map either; the ELF checks report it
+    except ELFError as exc:  # read_elf, which reads the same section first, names the damage
+        raise ElfError(f"{path}: section .gnu.version_r does not parse: {exc}") from None
 
 
 def check_platform_tag(versions: SymbolVersions, tag: str) -> AllowedPlatform:
