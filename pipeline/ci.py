@@ -24,16 +24,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.utils import InvalidWheelFilename
 
 from pipeline.config.layout import Layout
+from pipeline.config.lock import trusted_keys
+from pipeline.config.recipes import LOCK_FILE
 from pipeline.config.toolchain import python_tag
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.publish.index import page_links
 from pipeline.util.files import file_sha256
 from pipeline.util.log import RecipeLogger, recipe_logger
-from pipeline.verify.provenance import Provenance, fingerprints, is_current, record_path
+from pipeline.util.net import DEFAULT_TIMEOUT, TIMEOUT_ENV
+from pipeline.verify.provenance import SUFFIX, Provenance, fingerprints, is_current, record_path
+from pipeline.verify.signing import Trust
+from pipeline.verify.verify import Expectations, verify_wheel
+from pipeline.wheel.archive import parse_wheel_name
 
 log = logging.getLogger("rocwheels")
 
@@ -202,11 +208,11 @@ def render(matrix: Matrix, output_format: str, *, arch: str, recipes: str | None
 # --- wheels reused from the team's index ---
 
 
-def _get(url: str, sink: BinaryIO | None = None) -> bytes | None:
+def _get(url: str, timeout: float, sink: BinaryIO | None = None) -> bytes | None:
     """The body at ``url`` (streamed into ``sink`` when given: wheels may be GBs, then b""); None when
-    the index has nothing there (404)."""
+    the index has nothing there (404). Each wait for the index is at most ``timeout`` seconds."""
     try:
-        with urllib.request.urlopen(url, timeout=60) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             if sink is None:
                 body: bytes = response.read()
                 return body
@@ -219,22 +225,36 @@ def _get(url: str, sink: BinaryIO | None = None) -> bytes | None:
             f"{url}: the index answered {exc.code} {exc.reason}", fix="check --from-index (a PEP 503 simple URL)"
         ) from None
     except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, TimeoutError):
+            reason = f"no answer within {timeout:g} s (--timeout, {TIMEOUT_ENV})"
         raise RocwheelsError(
-            f"{url}: index unreachable ({getattr(exc, 'reason', exc)})",
+            f"{url}: index unreachable ({reason})",
             fix="check --from-index, or leave it out to build everything here",
         ) from None
 
 
-def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, int]:
+def fetch_from_index(plan: Plan, layout: Layout, index_url: str, *, timeout: float = DEFAULT_TIMEOUT) -> dict[str, int]:
     """Put into the wheelhouse each wheel of the plan the index holds with the very same fingerprint.
 
     ``index_url`` is a PEP 503 simple root whose file links have the provenance record beside them
-    (``<wheel URL>.provenance.json``), as the static index of ``rocwheels index build`` has. A
-    wheel comes in only with a record naming this build's fingerprint and the file's sha256 (both
-    checked after the download); the recipe's build then finds it up to date. Returns, per recipe,
-    how many wheels came in.
+    (``<wheel URL>.provenance.json``), as the static index of ``rocwheels index build`` has. Anyone
+    who can upload can write a record, so a wheel comes in only with a record signed by a key of
+    the lock (``[signing] public_keys``) that names this build's fingerprint and the file's sha256,
+    and only if the downloaded file then passes its RECORD check and verify (without the smoke
+    test); the recipe's build then finds it up to date. Anything less is built here instead.
+    Returns, per recipe, how many wheels came in.
     """
     root = index_url.rstrip("/") + "/"
+    trusted = trusted_keys(layout.recipes_dir) or ()
+    if not trusted:
+        log.warning(
+            "%s lists no signing keys ([signing] public_keys): no provenance record on %s can be believed, so "
+            "every wheel is built here (README: Signed provenance)",
+            layout.recipes_dir / LOCK_FILE,
+            root,
+        )
+        return {step.name: 0 for step in plan.steps}
     prints = fingerprints(plan, layout.recipes_dir)
     pythons = {python_tag(version) for step in plan.steps for version in step.python}
     fetched: dict[str, int] = {}
@@ -242,7 +262,7 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, in
         logger = recipe_logger(step.name)
         fingerprint = prints[step.name][0]
         project_url = urllib.parse.urljoin(root, step.recipe.dist_name.replace("_", "-").lower() + "/")
-        page = _get(project_url)
+        page = _get(project_url, timeout)
         count = 0
         for href in page_links((page or b"").decode("utf-8", "replace")):
             url = urllib.parse.urljoin(project_url, href).split("#", 1)[0]
@@ -252,7 +272,7 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, in
             target = layout.wheelhouse / filename
             if target.is_file() and is_current(target, fingerprint):
                 continue
-            if _fetch_one(url, target, fingerprint, logger):
+            if _fetch_one(url, target, Reuse(fingerprint, step.expect, trusted, timeout), logger):
                 count += 1
         if count:
             logger.info("%d wheel(s) of this exact build taken from %s", count, root)
@@ -262,7 +282,7 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str) -> dict[str, in
 
 def _wanted(filename: str, dist_name: str, version: str, pythons: set[str]) -> bool:
     try:
-        name, wheel_version, _, tags = parse_wheel_filename(filename)
+        name, wheel_version, _, tags = parse_wheel_name(filename)  # variant wheels too
     except InvalidWheelFilename:
         return False
     return (
@@ -272,34 +292,61 @@ def _wanted(filename: str, dist_name: str, version: str, pythons: set[str]) -> b
     )
 
 
-def _fetch_one(url: str, target: Path, fingerprint: str, logger: RecipeLogger) -> bool:
-    """Download a wheel and its record beside it, all or nothing, if the record names ``fingerprint``."""
-    record_bytes = _get(url + ".provenance.json")
+@dataclass(frozen=True)
+class Reuse:
+    """What a wheel on the index must prove to be taken instead of built."""
+
+    fingerprint: str  # of this build's inputs
+    expect: Expectations  # the recipe's verify rules, for the targets of this build
+    trusted: tuple[str, ...]  # public keys that may sign records
+    timeout: float
+
+
+def _fetch_one(url: str, target: Path, reuse: Reuse, logger: RecipeLogger) -> bool:
+    """Download a wheel and its record beside it, all or nothing, if the record is believed and names
+    this build, and the wheel is the file it describes and passes verify."""
+    record_bytes = _get(url + SUFFIX, reuse.timeout)
     if record_bytes is None:
         logger.info("%s: no provenance record on the index: not reused", target.name)
         return False
+    try:
+        record = Provenance.parse(record_bytes)
+    except (ValueError, TypeError) as exc:
+        logger.warning("%s: the record on the index is not a provenance record (%s): built here", target.name, exc)
+        return False
+    check = record.signature_check(reuse.trusted)
+    if check.trust is not Trust.SIGNED:
+        logger.warning("%s: the record on the index is %s: not believed, built here", target.name, check.message)
+        return False
+    if record.fingerprint != reuse.fingerprint or record.wheel != target.name:
+        logger.info(
+            "%s on the index was built from other inputs (fingerprint %s, this build %s): not reused",
+            target.name,
+            record.fingerprint[:12],
+            reuse.fingerprint[:12],
+        )
+        return False
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        record_file = Path(tmp) / (target.name + ".provenance.json")
+        record_file = Path(tmp) / (target.name + SUFFIX)
         record_file.write_bytes(record_bytes)
-        record = Provenance.read(record_file)
-        if record.fingerprint != fingerprint or record.wheel != target.name:
-            logger.info(
-                "%s on the index was built from other inputs (fingerprint %s, this build %s): not reused",
-                target.name,
-                record.fingerprint[:12],
-                fingerprint[:12],
-            )
-            return False
         wheel_file = Path(tmp) / target.name
         with wheel_file.open("wb") as sink:
-            _get(url, sink)  # a missing file stays empty: its sha256 cannot match
+            _get(url, reuse.timeout, sink)  # a missing file stays empty: its sha256 cannot match
         actual = file_sha256(wheel_file)
         if actual != record.sha256:
             raise RocwheelsError(
                 f"{url}: sha256 {actual} differs from its provenance record's {record.sha256}",
-                fix="the file on the index changed after it was built: rebuild and publish it again",
+                fix="the file on the index changed after it was built and signed: rebuild and publish it again",
             )
+        try:
+            report = verify_wheel(wheel_file, reuse.expect, smoke=False, trusted_keys=reuse.trusted)
+            failures = "; ".join(f"{f.check}: {f.message}" for f in report.errors())
+        except RocwheelsError as exc:  # a damaged archive or RECORD
+            failures = exc.message
+        if failures:
+            logger.warning("%s on the index fails verify (%s): built here", target.name, failures)
+            return False
         # The record first: alone it is harmless (no wheel, nothing up to date), and the wheel
         # then arrives with one rename.
         os.replace(record_file, record_path(target))

@@ -101,6 +101,19 @@ def rocm_line_option(command: Command) -> Command:
     )(command)
 
 
+def timeout_option(command: Command) -> Command:
+    from pipeline.util.net import DEFAULT_TIMEOUT, TIMEOUT_ENV
+
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        default=DEFAULT_TIMEOUT,
+        envvar=TIMEOUT_ENV,
+        show_default=True,
+        help="seconds any one network call to the index may wait for an answer",
+    )(command)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--recipes-dir",
@@ -239,8 +252,9 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
     "--from-index",
     default=None,
     envvar="ROCWHEELS_REUSE_INDEX",
-    help="PEP 503 simple URL holding wheels with provenance records (rocwheels index build): take the exact builds from there",
+    help="PEP 503 simple URL holding wheels with signed provenance records: take the exact builds from there",
 )
+@timeout_option
 @click.pass_obj
 def wheels_command(
     obj: Context,
@@ -253,6 +267,7 @@ def wheels_command(
     force: bool,
     no_pin: bool,
     from_index: str | None,
+    timeout: float,
 ) -> None:
     """Build, repair and verify: only verified wheels reach the wheelhouse."""
     from pipeline.wheels import make_wheels, summary_table
@@ -269,7 +284,7 @@ def wheels_command(
         if from_index and not force:
             from pipeline.ci import fetch_from_index
 
-            fetch_from_index(plan, obj.layout, from_index)
+            fetch_from_index(plan, obj.layout, from_index, timeout=timeout)
         outcomes = make_wheels(plan, obj.layout, driver_for(driver, plan, obj.layout), force=force)
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
@@ -439,21 +454,55 @@ def inspect_command(obj: Context, wheels: tuple[Path, ...], rocm_lib_dir: str | 
     show_default=True,
     help="tries while the index is unreachable or answers 5xx (waits 2, 4, 8 s)",
 )
+@timeout_option
 @click.pass_obj
 def publish_command(
-    obj: Context, repository: str, simple_url: str | None, config_file: Path | None, attempts: int
+    obj: Context, repository: str, simple_url: str | None, config_file: Path | None, attempts: int, timeout: float
 ) -> None:
     """Upload the wheelhouse's wheels with twine; files already there (same sha256) are skipped."""
+    from pipeline.publish.admission import REFUSAL_FIX, refusal_summary
     from pipeline.publish.upload import publish
 
     with wheelhouse_lock(obj.layout.wheelhouse):
         result = publish(
-            obj.layout.wheelhouse, repository, config_file=config_file, simple_url=simple_url, attempts=attempts
+            obj.layout.wheelhouse,
+            repository,
+            project=obj.layout,
+            config_file=config_file,
+            simple_url=simple_url,
+            attempts=attempts,
+            timeout=timeout,
         )
     click.echo(
         f"{result.repository_url}: {len(result.uploaded)} uploaded, {len(result.skipped)} already there, "
         f"{len(result.records)} provenance records beside them"
     )
+    if result.refused:
+        raise RocwheelsError(
+            f"{len(result.refused)} wheel(s) refused, not uploaded: {refusal_summary(result.refused)}", fix=REFUSAL_FIX
+        )
+
+
+@cli.group("key")
+def key_group() -> None:
+    """Keys that sign provenance records (README: Signed provenance)."""
+
+
+@key_group.command("new")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="file for the private key (never overwritten; keep it out of the repository)",
+)
+def key_new(out: Path) -> None:
+    """Make a signing key pair: the private key to OUT, the public key to the lock."""
+    from pipeline.verify.signing import KEY_ENV, new_key
+
+    key = new_key(out)
+    click.echo(f"private key: {out} (yours only: store its one line as the CI secret {KEY_ENV}, then delete the file)")
+    click.echo(f"public key: {key.public}")
+    click.echo(f'trust it: add "{key.public}" to [signing] public_keys in recipes/lock.toml')
 
 
 @cli.group("index")
@@ -466,10 +515,18 @@ def index_group() -> None:
 def index_build(obj: Context) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
     requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
+    from pipeline.publish.admission import REFUSAL_FIX, refusal_summary
     from pipeline.publish.index import build_team_index
 
-    for kind, path in build_team_index(obj.layout):
+    built = build_team_index(obj.layout)
+    for kind, path in built.written:
         click.echo(f"{kind}: {path}{'/' if kind == 'index' else ''}")
+    if built.refused:
+        raise RocwheelsError(
+            f"{len(built.refused)} wheel(s) refused, left out of the index and pin files: "
+            + refusal_summary(built.refused),
+            fix=REFUSAL_FIX,
+        )
 
 
 @index_group.command("mirror")

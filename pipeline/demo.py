@@ -90,7 +90,7 @@ def run_demo(plan: Plan, project: Layout) -> list[DemoStep]:
                 _timed(steps, "publish (twine -> pypiserver)") as result,
                 _environment(TWINE_USERNAME="demo", TWINE_PASSWORD=password),
             ):
-                published = publish(layout.wheelhouse, index.url, attempts=2)
+                published = publish(layout.wheelhouse, index.url, project=layout, attempts=2)
                 result.append(
                     f"{len(published.uploaded)} uploaded, {len(published.skipped)} already there, {index.url}"
                 )

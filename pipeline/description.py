@@ -350,17 +350,29 @@ def _recorded_origin(
     if not record.is_file():
         return None
     try:
-        inputs = Provenance.read(record).inputs
+        inputs: object = Provenance.read(record).inputs  # parsed JSON: its shape is not checked yet
     except RocwheelsError:
         return None  # verify's provenance check reports the unreadable record
-    name = inputs.get("recipe", {}).get("name")
-    line_name = inputs.get("line", {}).get("name")
+    # A record is a file anyone may have edited: a field of another shape names nothing.
+    if not isinstance(inputs, dict):
+        return None
+    recipe, line, recorded = inputs.get("recipe"), inputs.get("line"), inputs.get("targets")
+    name = recipe.get("name") if isinstance(recipe, dict) else None
+    line_name = line.get("name") if isinstance(line, dict) else None
+    if not (isinstance(name, str) and isinstance(line_name, str)):
+        return None
     if name not in recipes or line_name not in lock_file.lock.lines or rocm not in (None, line_name):
         return None
     if name not in lock_file.line(line_name).versions:
         return None
-    recorded = inputs.get("targets")
-    return name, line_name, parse_targets(";".join(recorded)) if recorded else None
+    if not recorded:
+        return name, line_name, None
+    if not (isinstance(recorded, list) and all(isinstance(target, str) for target in recorded)):
+        return None
+    try:
+        return name, line_name, parse_targets(";".join(recorded))
+    except RocwheelsError:
+        return None  # targets this rocwheels does not know: judged as a wheel without a record
 
 
 def _fallback_targets(recipe: Recipe, wheel: Path) -> tuple[GpuTarget, ...] | None:

@@ -13,12 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.config.layout import Layout
+from pipeline.config.lock import trusted_keys
 from pipeline.config.targets import GpuTarget
 from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.description import describe_wheel, unknown_wheel
 from pipeline.repair.repair import RepairSettings, repair_wheel
 from pipeline.util.runlock import wheelhouse_lock
-from pipeline.verify.verify import Report, verify_wheel
+from pipeline.verify.verify import Expectations, Report, verify_wheel
 from pipeline.wheel.analyze import WheelAnalysis
 
 
@@ -70,18 +71,25 @@ def verify_files(
     """Verify each wheel against its description; ``targets`` None leaves the targets unjudged unless recorded."""
     # The smoke test's venv is made in the work folder, which a fresh clone does not have yet.
     layout.work_dir.mkdir(parents=True, exist_ok=True)
+    trusted = trusted_keys(layout.recipes_dir)
     reports = []
     for wheel in wheels:
-        description = describe_wheel(layout, wheel, rocm, targets)
-        if description:
-            # The exact builds it is pinned to are looked for beside it (the wheelhouse).
-            expect = replace(description.expect, find_links=wheel.parent if description.dependencies else None)
-        else:
-            expect = unknown_wheel(targets)[1]
+        expect = wheel_expectations(layout, wheel, targets=targets, rocm=rocm)
         if rocm_lib_dir:
             expect = replace(expect, layout=replace(expect.layout, rocm_lib_dir=rocm_lib_dir))
-        reports.append(verify_wheel(wheel, expect, smoke=smoke, scratch=layout.work_dir))
+        reports.append(verify_wheel(wheel, expect, smoke=smoke, scratch=layout.work_dir, trusted_keys=trusted))
     return reports
+
+
+def wheel_expectations(
+    layout: Layout, wheel: Path, *, targets: tuple[GpuTarget, ...] | None = None, rocm: str | None = None
+) -> Expectations:
+    """What verify checks in a wheel found on its own: its description's expectations, else the defaults."""
+    description = describe_wheel(layout, wheel, rocm, targets)
+    if description is None:
+        return unknown_wheel(targets)[1]
+    # The exact builds it is pinned to are looked for beside it (the wheelhouse).
+    return replace(description.expect, find_links=wheel.parent if description.dependencies else None)
 
 
 def inspect_files(layout: Layout, wheels: Sequence[Path], rocm_lib_dir: str | None) -> Iterator[WheelAnalysis]:

@@ -30,6 +30,7 @@ from pipeline.util.files import atomic_write
 from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
+from pipeline.verify.signing import signing_key
 from pipeline.verify.verify import format_report, variant_findings, verify_wheel
 from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheel.variant import make_variant
@@ -56,6 +57,7 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
     is skipped; any change to its inputs (or its dependencies') rebuilds it."""
     outcomes: dict[str, Outcome] = {}
     prints = fingerprints(plan, layout.recipes_dir)
+    signer = signing_key(layout.recipes_dir)
     for step in plan.steps:
         failed_deps = [d for d in step.recipe.depends_on if outcomes[d].status in ("failed", "skipped")]
         if failed_deps:
@@ -79,7 +81,7 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
         try:
             wheels, note = _one_recipe(plan, step, layout, driver)
             for wheel in wheels:
-                write_record(wheel, fingerprint, inputs, _toolchain(plan))
+                write_record(wheel, fingerprint, inputs, _toolchain(plan), signer)
             outcomes[step.name] = Outcome(step.name, "built", wheels, time.monotonic() - started, note)
         except RocwheelsError as exc:
             recipe_logger(step.name).error("failed: %s", exc)

@@ -239,3 +239,11 @@ def trixie_base(podman_engine: Engine) -> str:
 def sid_base(podman_engine: Engine) -> str:
     """The Debian sid base image: a clang that writes compressed offload bundles."""
     return _debian_base(podman_engine, "sid", SID_BASE)
+
+
+@pytest.fixture
+def fresh_rocwheels_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests running the entry point in-process: no log handler left bound to an earlier run's stderr."""
+    from tests.helpers.signing import no_stale_log_handler
+
+    no_stale_log_handler(monkeypatch)

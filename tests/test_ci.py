@@ -7,12 +7,14 @@ builds from an index (``rocwheels wheels --from-index``).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -29,8 +31,10 @@ from pipeline.publish.index import build_static_index
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish
 from pipeline.verify.provenance import Provenance, record_path
+from pipeline.verify.signing import KEY_ENV, new_key
 from tests.helpers import REPO
 from tests.helpers.ci_runner import Runner, load_yaml
+from tests.helpers.signing import trust_keys
 
 RECIPES = REPO / "recipes"
 LINES = tuple(load_lock(RECIPES).lock.lines)
@@ -297,7 +301,7 @@ def run_cli(layout: Layout, *args: str) -> None:
         cli,
         [
             "--recipes-dir",
-            str(RECIPES),
+            str(layout.recipes_dir),
             "--wheelhouse",
             str(layout.wheelhouse),
             "--work-dir",
@@ -309,20 +313,34 @@ def run_cli(layout: Layout, *args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def first_runner(tmp_path_factory: pytest.TempPathFactory, host_line, canary_targets) -> Layout:
-    """A first runner's wheelhouse with the canary built, shared by every kind of index."""
+def team_recipes(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A copy of the project's recipes whose lock trusts a team key: (recipes, the key's secret text)."""
+    root = tmp_path_factory.mktemp("team")
+    shutil.copytree(RECIPES, root / "recipes")
+    key = new_key(root / "team.key")
+    trust_keys(root / "recipes", [key.public])
+    return root / "recipes", (root / "team.key").read_text()
+
+
+@pytest.fixture(scope="module")
+def first_runner(tmp_path_factory: pytest.TempPathFactory, team_recipes, host_line, canary_targets) -> Layout:
+    """A first runner's wheelhouse with the canary built and its record signed (the team key is a CI
+    secret), shared by every kind of index."""
     root = tmp_path_factory.mktemp("first")
-    first = Layout(RECIPES, root / "wheelhouse", root / "build")
-    run_cli(first, *canary_build(host_line, canary_targets))
+    first = Layout(team_recipes[0], root / "wheelhouse", root / "build")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(KEY_ENV, team_recipes[1])
+        run_cli(first, *canary_build(host_line, canary_targets))
     return first
 
 
 @contextmanager
 def serving(
-    kind: str, wheelhouse: Path, root: Path, line_label: str, static_server, monkeypatch
+    kind: str, project: Layout, root: Path, line_label: str, static_server, monkeypatch
 ) -> Iterator[tuple[str, Path]]:
-    """``wheelhouse``'s wheels on an index of ``kind``, as the team would have it; yields its simple
+    """``project``'s wheelhouse on an index of ``kind``, as the team would have it; yields its simple
     URL and the folder the server reads the files from."""
+    wheelhouse = project.wheelhouse
     if kind == "static":
         site = root / "site"  # a copy: the test may change what the server holds
         site.mkdir()
@@ -336,7 +354,7 @@ def serving(
     with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
         monkeypatch.setenv("TWINE_USERNAME", USER)
         monkeypatch.setenv("TWINE_PASSWORD", PASSWORD)
-        published = publish(wheelhouse, server.url)
+        published = publish(wheelhouse, server.url, project=project)
         assert published.records and not published.records_refused
         yield server.simple_url, root / "packages"
 
@@ -345,37 +363,63 @@ def serving(
 @pytest.mark.network
 @pytest.mark.parametrize("kind", ["static", "pypiserver"])
 def test_exact_builds_come_from_the_index_and_no_other(
-    tmp_path: Path, kind: str, first_runner: Layout, host_line, canary_targets, static_server, monkeypatch
+    tmp_path: Path, kind: str, first_runner: Layout, host_line, canary_targets, static_server, monkeypatch, caplog
 ) -> None:
     """A first runner builds and puts its wheelhouse on the team's index (the static one of
     `index build`, or pypiserver through `rocwheels serve` and `publish`); a second one, with an
     empty wheelhouse, takes the canary from there (fingerprint and sha256 checked) and builds
-    nothing; for other GPU targets (another fingerprint) nothing is taken; a wheel changed on the
-    index after it was published is refused."""
+    nothing; for other GPU targets (another fingerprint) nothing is taken; a record on the index
+    that is unsigned, signed by a key the lock does not list, or forged is not believed (built here
+    instead); a wheel changed on the index after it was published is refused."""
     (wheel,) = first_runner.wheelhouse.glob("*.whl")
-    with serving(kind, first_runner.wheelhouse, tmp_path, host_line[1].local_version, static_server, monkeypatch) as (
+    recipes = first_runner.recipes_dir
+    with serving(kind, first_runner, tmp_path, host_line[1].local_version, static_server, monkeypatch) as (
         index_url,
         served,
     ):
-        second = Layout(RECIPES, tmp_path / "second", tmp_path / "b2")
+        second = Layout(recipes, tmp_path / "second", tmp_path / "b2")
         run_cli(second, *canary_build(host_line, canary_targets), "--from-index", index_url)
         assert (second.wheelhouse / wheel.name).read_bytes() == wheel.read_bytes()
         assert Provenance.read(record_path(second.wheelhouse / wheel.name)) == Provenance.read(record_path(wheel))
         assert not second.recipe_work("rocm-canary").exists()  # nothing was built
 
         other_targets = next(t for t in host_line[1].targets if t != canary_targets[0])  # planned only, never compiled
-        third = Layout(RECIPES, tmp_path / "third", tmp_path / "b3")
+        third = Layout(recipes, tmp_path / "third", tmp_path / "b3")
         plan = select_plan(third, "rocm-canary", other_targets, host_line[0], "local")
         assert fetch_from_index(plan, third, index_url) == {"rocm-canary": 0}
         assert not third.wheelhouse.exists() or not list(third.wheelhouse.iterdir())
 
+        served_record = record_path(served / wheel.name)
+        signed = Provenance.read(served_record)
+        stranger = new_key(tmp_path / "stranger.key")
+        unsigned = replace(signed, signature=None)
+        records = {
+            "not signed": unsigned,
+            "signed by a key the lock does not list": replace(
+                unsigned, signature=stranger.sign(unsigned.signed_content())
+            ),
+            "its signature does not match its content": replace(
+                signed, toolchain={**signed.toolchain, "hipcc": "forged"}
+            ),
+        }
+        same_build = select_plan(third, "rocm-canary", canary_targets[0], host_line[0], "local")
+        monkeypatch.setattr(logging.getLogger("rocwheels"), "propagate", True)  # the CLI run above turned it off
+        for verdict, record in records.items():
+            served_record.write_text(json.dumps(asdict(record)))
+            with caplog.at_level("WARNING", logger="rocwheels"):
+                assert fetch_from_index(same_build, third, index_url) == {"rocm-canary": 0}, verdict
+            assert f"the record on the index is {verdict}" in caplog.text and "built here" in caplog.text
+            assert not third.wheelhouse.exists() or not list(third.wheelhouse.glob("*.whl*"))
+            caplog.clear()
+        served_record.write_text(json.dumps(asdict(signed)))
+
         (served / wheel.name).write_bytes(wheel.read_bytes() + b"\0")  # changed on the server's disk
-        fourth = Layout(RECIPES, tmp_path / "fourth", tmp_path / "b4")
+        fourth = Layout(recipes, tmp_path / "fourth", tmp_path / "b4")
         refused = CliRunner().invoke(
             cli,
             [
                 "--recipes-dir",
-                str(RECIPES),
+                str(recipes),
                 "--wheelhouse",
                 str(fourth.wheelhouse),
                 "--work-dir",

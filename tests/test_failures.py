@@ -844,7 +844,7 @@ CASES = (
         "index",
         INDEX,
         1,
-        ("no wheels with a +rocmX.Y local version label",),
+        ("every wheel was refused", "has no +rocm local label"),
         lambda p: p.wheel("1.0"),
     ),
     Case(

@@ -69,7 +69,7 @@ def test_triton_backend_wheel_is_pure_python_and_pinned_to_its_torch(built):
 @pytest.mark.network
 def test_published_wheel_installs_with_its_torch_and_imports_up_to_triton(built, tmp_path):
     layout, _ = built
-    with published(layout.wheelhouse, tmp_path / "pypiserver") as index:
+    with published(layout, tmp_path / "pypiserver") as index:
         python = new_venv(tmp_path / "venv")
         isolated_pip(
             python,

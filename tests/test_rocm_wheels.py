@@ -180,7 +180,7 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(
     with running_pypiserver(tmp_path / "team", tmp_path / "htpasswd", log_file=tmp_path / "team.log") as team:
         monkeypatch.setenv("TWINE_USERNAME", "team")
         monkeypatch.setenv("TWINE_PASSWORD", "secret")
-        publish(layout.wheelhouse, team.url, attempts=1)
+        publish(layout.wheelhouse, team.url, project=layout, attempts=1)
         pip_install(
             fresh_venv,
             "--index-url",
@@ -308,7 +308,7 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
     with running_pypiserver(tmp_path / "team", tmp_path / "htpasswd", log_file=tmp_path / "team.log") as team:
         monkeypatch.setenv("TWINE_USERNAME", "team")
         monkeypatch.setenv("TWINE_PASSWORD", "secret")
-        publish(layout.wheelhouse, team.url, attempts=1)
+        publish(layout.wheelhouse, team.url, project=layout, attempts=1)
         check = (
             "import glob, rocm_canary; "
             "assert not glob.glob('/usr/lib*/**/libamdhip64*', recursive=True) and not glob.glob('/opt/rocm*'), 'a system ROCm is here'; "

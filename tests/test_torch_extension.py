@@ -53,7 +53,7 @@ def torch_deps(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory: pytest.TempPathFactory, built):
-    with published(built[0].wheelhouse, tmp_path_factory.mktemp("pypiserver")) as server:
+    with published(built[0], tmp_path_factory.mktemp("pypiserver")) as server:
         yield server
 
 

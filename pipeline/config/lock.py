@@ -194,6 +194,27 @@ class Rule(Model):
         return requires
 
 
+class Signing(Model):
+    """Who may sign provenance records: the public keys of the team's signing keys (pipeline/verify/signing.py).
+
+    Several keys at once let a new key start signing before the old one is retired.
+    """
+
+    public_keys: tuple[str, ...] = ()
+
+    @field_validator("public_keys")
+    @classmethod
+    def _keys(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        from pipeline.verify.signing import parse_public_key
+
+        for number, key in enumerate(keys):
+            try:
+                parse_public_key(key)
+            except ValueError as exc:
+                raise ValueError(f"entry {number + 1}: {exc}") from None
+        return keys
+
+
 # The lock format this rocwheels reads; a newer file needs a newer rocwheels.
 SCHEMA_VERSION = 1
 
@@ -203,6 +224,7 @@ class Lock(Model):
     default_line: str
     lines: dict[str, Line]
     rules: tuple[Rule, ...] = ()
+    signing: Signing = Signing()
 
     @field_validator("schema_version")
     @classmethod
@@ -261,6 +283,13 @@ def _specifier(spec: str) -> SpecifierSet:
 def load_lock(recipes_dir: Path) -> LockFile:
     path = recipes_dir / LOCK_FILE
     return LockFile(path, validate(Lock, read_toml(path), path))
+
+
+def trusted_keys(recipes_dir: Path) -> tuple[str, ...] | None:
+    """The public keys that may sign provenance records; None outside a project (no lock to ask)."""
+    if not (recipes_dir / LOCK_FILE).is_file():
+        return None
+    return load_lock(recipes_dir).lock.signing.public_keys
 
 
 def check_lock(lock_file: LockFile, recipes: dict[str, RecipeFile], *, warn_for: str | None = None) -> list[str]:

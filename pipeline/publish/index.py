@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from packaging.utils import InvalidWheelFilename, NormalizedName
@@ -28,6 +29,9 @@ from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, generation_pref
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.wheel.archive import check_wheel, parse_wheel_name, split_variant
 from pipeline.wheel.variant import merge_variants_json, variants_json_name
+
+if TYPE_CHECKING:
+    from pipeline.publish.admission import Refused
 
 log = logging.getLogger("rocwheels")
 
@@ -51,27 +55,29 @@ class WheelFile:
 
 
 def scan_wheels(wheelhouse: Path) -> tuple[WheelFile, ...]:
-    """The wheels lying directly in ``wheelhouse`` (the verified ones), hashed, sorted by file name.
+    """The wheels lying directly in ``wheelhouse``, hashed, sorted by file name (``wheel_file`` each)."""
+    return tuple(wheel_file(path) for path in sorted(wheelhouse.glob("*.whl")))
 
-    Each must be a well-formed wheel (a text file named ``*.whl`` is not offered to installers),
+
+def wheel_file(path: Path) -> WheelFile:
+    """One wheel of the wheelhouse, hashed.
+
+    It must be a well-formed wheel (a text file named ``*.whl`` is not offered to installers),
     and one with a provenance record must still be the file verify accepted: what is indexed,
     pinned or uploaded is exactly the verified bytes.
     """
-    wheels = []
-    for path in sorted(wheelhouse.glob("*.whl")):
-        try:
-            project, version, _build, _tags = parse_wheel_name(path.name)
-        except InvalidWheelFilename as exc:
-            raise RocwheelsError(
-                f"{path}: not a valid wheel file name ({exc})",
-                fix="remove or rename the file; only verified wheels belong in the wheelhouse",
-            ) from None
-        # Member hashes were checked by verify; the sha256 against the record below covers every byte since.
-        check_wheel(path, verify_hashes=False)
-        wheel = WheelFile(path, project, version, file_sha256(path), split_variant(path.name)[1])
-        _check_provenance(wheel)
-        wheels.append(wheel)
-    return tuple(wheels)
+    try:
+        project, version, _build, _tags = parse_wheel_name(path.name)
+    except InvalidWheelFilename as exc:
+        raise RocwheelsError(
+            f"{path}: not a valid wheel file name ({exc})",
+            fix="remove or rename the file; only verified wheels belong in the wheelhouse",
+        ) from None
+    # Member hashes were checked by verify; the sha256 against the record below covers every byte since.
+    check_wheel(path, verify_hashes=False)
+    wheel = WheelFile(path, project, version, file_sha256(path), split_variant(path.name)[1])
+    _check_provenance(wheel)
+    return wheel
 
 
 def _check_provenance(wheel: WheelFile) -> None:
@@ -90,9 +96,16 @@ def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) 
     ``aliases`` maps a package's own label to its line's (vLLM labels itself ``rocm624`` on the
     ``rocm6.2`` line), so a line's index and constraints hold all of its packages.
     """
+    return group_by_label(scan_wheels(wheelhouse), wheelhouse, aliases)
+
+
+def group_by_label(
+    wheels: Iterable[WheelFile], wheelhouse: Path, aliases: Mapping[str, str] | None = None
+) -> dict[str, tuple[WheelFile, ...]]:
+    """``wheels`` (of ``wheelhouse``) grouped by ROCm line label, as ``wheels_by_label`` describes."""
     aliases = aliases or {}
     lines: dict[str, list[WheelFile]] = defaultdict(list)
-    for wheel in scan_wheels(wheelhouse):
+    for wheel in wheels:
         if wheel.label is None:
             log.warning(
                 "%s: no +rocmX.Y local version label, left out of the per-line index and constraints", wheel.path.name
@@ -314,14 +327,21 @@ def page_links(page: str) -> list[str]:
     return anchors.hrefs
 
 
-def build_team_index(layout: Layout) -> list[tuple[str, Path]]:
+@dataclass(frozen=True)
+class TeamIndex:
+    written: tuple[tuple[str, Path], ...]  # (kind, path) of each index tree and pin file
+    refused: tuple[Refused, ...]  # wheels of the wheelhouse that failed verify: not indexed, not pinned
+
+
+def build_team_index(layout: Layout) -> TeamIndex:
     """``rocwheels index build``: the static index, constraints and hashed requirements of every line
-    in the wheelhouse, written together; returns (kind, path) of each."""
+    in the wheelhouse, written together, of the wheels that pass verify (``admit_wheels``)."""
     from pipeline.config import lock as lockmod
     from pipeline.config.recipes import LOCK_FILE
     from pipeline.config.rocm_wheels import constraint_pins
     from pipeline.description import label_aliases
     from pipeline.errors import InputError
+    from pipeline.publish.admission import admit_wheels
 
     aliases = label_aliases(layout)
     if not layout.wheelhouse.is_dir():
@@ -334,9 +354,10 @@ def build_team_index(layout: Layout) -> list[tuple[str, Path]]:
     )
     rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
     with wheelhouse_lock(layout.wheelhouse):
-        lines = wheels_by_label(layout.wheelhouse, aliases)
+        admission = admit_wheels(layout.wheelhouse, layout).require_some()
+        lines = group_by_label(admission.admitted, layout.wheelhouse, aliases)
         check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
         written = [("index", root) for root in build_static_index(layout.wheelhouse, lines)]
         written += [("constraints", path) for path in write_constraints(layout.wheelhouse, lines, rocm_pins=rocm_pins)]
         written += [("requirements", path) for path in write_requirements(layout.wheelhouse, lines)]
-    return written
+    return TeamIndex(tuple(written), admission.refused)

@@ -7,9 +7,20 @@ pypiserver's own command line with its WSGI app wrapped: requests for
 ``/packages/<wheel>.provenance.json`` are answered here (GET: the record lying beside the wheel;
 PUT: store one, behind the same login and ``--authenticate`` rules as pypiserver's uploads), and
 everything else reaches pypiserver unchanged. A record is stored only when it names the wheel the
-index holds and that file's sha256, and never replaces another. The pypiserver internals used
-here (``setup_routes_from_config``, ``config.authenticate``, ``config.auther``, ``config.backend``)
-were read in pypiserver 2.4.2 (pypiserver/__init__.py, config.py, _app.py); tests/test_serve.py
+index holds and that file's sha256, and never replaces another.
+
+Uploads are made atomic here too. pypiserver writes an upload straight under its final name, so
+an upload cut short (Ctrl-C or SIGKILL of twine, a dropped connection) left a truncated wheel
+that the index listed and served, and that made every later publish fail as "different
+contents". Its file writer is replaced: the upload goes to a hidden temporary file (pypiserver
+lists no dot file), is hashed on the way, and gets its final name only when complete and its
+sha256 is the ``sha256_digest`` the client sent (twine always sends it); otherwise the client
+gets HTTP 400 and nothing is listed. Temporary files of a server that was killed are removed
+when the next one starts.
+
+The pypiserver internals used here (``setup_routes_from_config``, ``config.authenticate``,
+``config.auther``, ``config.backend``, ``backend.write_file``, bottle's ``request``) were read in
+pypiserver 2.4.2 (pypiserver/__init__.py, config.py, _app.py, backend.py); tests/test_serve.py
 runs them for real.
 """
 
@@ -17,20 +28,27 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
+import os
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pypiserver
+import pypiserver.backend
 from pypiserver.__main__ import main
+from pypiserver.bottle_wrapper import HTTPError, request
 
+from pipeline.publish.serve import UPLOAD_PREFIX
 from pipeline.util.files import atomic_write, file_sha256
 from pipeline.verify.provenance import SUFFIX, Provenance
 
 _PREFIX = "/packages/"
 _MAX_RECORD_BYTES = 1 << 20  # a record is a few kB; refuse anything that is clearly not one
 _setup_routes = pypiserver.setup_routes_from_config
+_CHUNK = 1 << 20
 
 StartResponse = Callable[..., Any]
 
@@ -154,7 +172,38 @@ def _with_records(app: Any, config: Any) -> ProvenanceRecords:
     return ProvenanceRecords(_setup_routes(app, config), config)
 
 
+def store_upload(stream: BinaryIO, destination: Path | str) -> None:
+    """pypiserver's ``write_file`` for uploads: all or nothing, and only the bytes the client hashed."""
+    destination = Path(destination)
+    expected = str(request.forms.get("sha256_digest") or "").strip().lower()
+    if not expected:
+        raise HTTPError(
+            400, "send the file's sha256 as sha256_digest (twine does): uploads are checked before they are listed\n"
+        )
+    pending = destination.with_name(f"{UPLOAD_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{destination.name}")
+    digest = hashlib.sha256()
+    try:
+        with pending.open("xb") as sink:
+            for chunk in iter(lambda: stream.read(_CHUNK), b""):
+                digest.update(chunk)
+                sink.write(chunk)
+        os.chmod(pending, 0o644)
+        if not hmac.compare_digest(digest.hexdigest(), expected):
+            raise HTTPError(
+                400,
+                f"{destination.name}: the received file's sha256 {digest.hexdigest()} is not the sha256_digest "
+                f"{expected} the client sent (an upload cut short?): not stored, publish again\n",
+            )
+        try:
+            os.link(pending, destination)  # fails if the name exists: a file on the index is never replaced
+        except FileExistsError:
+            raise HTTPError(409, f"{destination.name} is already on this index; files are never replaced\n") from None
+    finally:
+        pending.unlink(missing_ok=True)
+
+
 pypiserver.setup_routes_from_config = _with_records
+pypiserver.backend.write_file = store_upload
 
 if __name__ == "__main__":
     sys.exit(main())

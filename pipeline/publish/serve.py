@@ -38,6 +38,9 @@ _HTPASSWD_SCHEME = "sha256_crypt"
 _STOP_TIMEOUT = 10  # seconds between SIGTERM and SIGKILL
 _WILDCARD_HOSTS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 _USERNAME = re.compile(r"[A-Za-z0-9._@+-]+")
+# Uploads being received (pipeline/publish/pypiserver_records.py): hidden, so never listed, and
+# named with the receiving server's pid, so a later server knows which ones were left by a dead one.
+UPLOAD_PREFIX = ".rocwheels-upload-"
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ def running_pypiserver(
     probe_host = _WILDCARD_HOSTS.get(host, host)
     port = _bindable_port(host, probe_host, port)
     packages.mkdir(parents=True, exist_ok=True)
+    _remove_stale_uploads(packages)
     url = f"http://{_url_host(probe_host)}:{port}/"
     # pypiserver's own command line, with provenance records served and accepted beside the wheels.
     argv = [
@@ -171,6 +175,15 @@ def running_pypiserver(
         _stop(process)
         if sink is not None:
             sink.close()
+
+
+def _remove_stale_uploads(packages: Path) -> None:
+    """What uploads to a server that was killed left: only our own names, of processes that are gone."""
+    for leftover in packages.glob(f"{UPLOAD_PREFIX}*"):
+        pid = leftover.name[len(UPLOAD_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            log.info("removing %s, left by an upload to a server that was stopped", leftover)
+            leftover.unlink(missing_ok=True)
 
 
 def _bindable_port(host: str, probe_host: str, port: int) -> int:

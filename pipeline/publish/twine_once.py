@@ -1,13 +1,16 @@
-"""twine with its own retries turned off: ``python -m pipeline.publish.twine_once upload ...``.
+"""twine with its own retries turned off and a time limit: ``python -m pipeline.publish.twine_once upload ...``.
 
 twine retries on its own (five POSTs per file on a 5xx answer, urllib3 retries on refused
 connections); rocwheels' publish retries too, reading the index first so a file that arrived is
 not sent again. Retries inside retries sent a multi-GB wheel up to 20 times: here only
-publish decides. twine's internals are bounded by the version range in pyproject.toml.
+publish decides. twine sets no timeout, so an index that never answers held it forever: each of
+its requests waits at most ``ROCWHEELS_NETWORK_TIMEOUT`` seconds for the next bytes. twine's
+internals are bounded by the version range in pyproject.toml.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import requests
@@ -18,6 +21,8 @@ from twine.package import PackageFile
 from twine.repository import Repository
 from twine.utils import make_requests_session
 
+from pipeline.util.net import network_timeout
+
 _upload = Repository.upload
 
 
@@ -25,6 +30,7 @@ def _session_without_retries() -> requests.Session:
     session = make_requests_session()
     for scheme in ("http://", "https://"):
         session.mount(scheme, HTTPAdapter(max_retries=0))
+    session.request = functools.partial(session.request, timeout=network_timeout())  # type: ignore[method-assign]
     return session
 
 

@@ -5,13 +5,17 @@ is skipped, the same file name with another hash stops the run (an index must ne
 different files under one name). Each wheel's provenance record then goes beside it, to
 ``<wheel URL>.provenance.json`` (an index started by ``rocwheels serve`` accepts it there, with the
 upload login, only if it names that wheel's sha256); an index that takes no records gets the
-wheels alone, with a warning: CI reuse from it is then off. Credentials stay twine's business
-(environment, ``.pypirc`` or keyring); the ones rocwheels can see are masked in every log line and
-message.
+wheels alone, with a warning: CI reuse from it is then off. Every wheel is verified first
+(pipeline/publish/admission.py): one that fails is not uploaded, the others are. Credentials stay
+twine's business (environment, ``.pypirc`` or keyring); a login written into the URL is taken out
+of it and handed to twine in its environment, never on its command line, and the credentials
+rocwheels can see are masked in every log line and message. Every call waits at most ``timeout``
+seconds for the index (pipeline/util/net.py).
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import logging
 import os
@@ -21,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.error import HTTPError, URLError
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 from urllib.request import (
     HTTPBasicAuthHandler,
     HTTPPasswordMgrWithDefaultRealm,
@@ -33,31 +37,37 @@ from urllib.request import (
 from twine.exceptions import InvalidConfiguration, UnreachableRepositoryURLDetected
 from twine.utils import DEFAULT_CONFIG_FILE, get_repository_from_config
 
+from pipeline.config.layout import Layout
 from pipeline.errors import RocwheelsError
-from pipeline.publish.index import WheelFile, page_links, scan_wheels
+from pipeline.publish.admission import Refused, admit_wheels
+from pipeline.publish.index import WheelFile, page_links
 from pipeline.util.cmd import run
+from pipeline.util.net import DEFAULT_TIMEOUT, TIMEOUT_ENV, split_login
 from pipeline.verify.provenance import SUFFIX, Provenance, record_path
 
 log = logging.getLogger("rocwheels")
 
-_HTTP_TIMEOUT = 30  # seconds for one index page
 _TWINE_AUTH_FAILURE = re.compile(r"HTTPError: (401|403)\b")
 _TWINE_TRANSIENT = re.compile(
-    r"Connection refused|Connection reset|Connection aborted|RemoteDisconnected|timed out|HTTPError: 5\d\d\b"
+    r"Connection refused|Connection reset|Connection aborted|RemoteDisconnected|HTTPError: 5\d\d\b"
 )
+_TWINE_TIMEOUT = re.compile(r"timed out|Timeout", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Repository:
     """Where wheels go (twine's upload URL) and where the index lists what it holds (PEP 503)."""
 
-    # how twine is told: --repository NAME or --repository-url URL (which may carry a login)
-    twine_args: tuple[str, ...] = field(repr=False)
+    # how twine is told: --repository NAME or --repository-url URL (never with a login in it)
+    twine_args: tuple[str, ...]
     upload_url: str  # without credentials: safe to show
     simple_url: str
     username: str | None = None
     password: str | None = field(default=None, repr=False)  # for reading an index that wants a login
     secrets: tuple[str, ...] = field(default=(), repr=False)  # every credential to mask in output
+    # A login taken out of the URL, for twine's environment (TWINE_USERNAME, TWINE_PASSWORD).
+    twine_env: dict[str, str] = field(default_factory=dict, repr=False)
+    timeout: float = DEFAULT_TIMEOUT  # seconds any one call may wait for the index
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class PublishResult:
     skipped: tuple[Path, ...]  # already on the index with the same sha256
     records: tuple[Path, ...] = ()  # provenance records on the index beside their wheels (sent now or before)
     records_refused: tuple[Path, ...] = ()  # records the index would not take (not a rocwheels serve index)
+    refused: tuple[Refused, ...] = ()  # wheels that failed verify: not uploaded
 
 
 @dataclass(frozen=True)
@@ -80,15 +91,23 @@ class _TransientError(Exception):
 
 
 def resolve_repository(
-    repository: str, *, config_file: Path | None = None, simple_url: str | None = None
+    repository: str,
+    *,
+    config_file: Path | None = None,
+    simple_url: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> Repository:
     """Turn ``NAME`` (a ``.pypirc`` section) or ``URL`` into the upload and simple-index URLs.
 
     The simple index defaults to the upload URL with ``simple/`` in place of a trailing
     ``legacy/`` (pypiserver: ``http://host:port/`` -> ``http://host:port/simple/``); pass
-    ``simple_url`` for servers laid out otherwise (devpi: ``.../+simple/``).
+    ``simple_url`` for servers laid out otherwise (devpi: ``.../+simple/``). A login in the URL
+    (``http://user:password@host/``) is taken out of it: what ``ps`` shows of twine is the bare URL.
     """
     is_url = "://" in repository
+    url_user = url_password = None
+    if is_url:
+        repository, url_user, url_password = split_login(repository)
     config_path = str(config_file) if config_file else DEFAULT_CONFIG_FILE
     try:
         config = get_repository_from_config(config_path, repository, repository if is_url else None)
@@ -102,43 +121,66 @@ def resolve_repository(
     twine_args: tuple[str, ...] = ("--repository-url", repository) if is_url else ("--repository", repository)
     if config_file:
         twine_args += ("--config-file", str(config_file))
-    secrets = tuple(s for s in (os.environ.get("TWINE_PASSWORD"), config.get("password")) if s)
+    # twine's own order: the environment wins over the URL's login and .pypirc
+    username = os.environ.get("TWINE_USERNAME") or url_user or config.get("username")
+    passwords = tuple(s for s in (os.environ.get("TWINE_PASSWORD"), url_password, config.get("password")) if s)
+    twine_env = {}
+    if url_user is not None and "TWINE_USERNAME" not in os.environ:
+        twine_env["TWINE_USERNAME"] = url_user
+    if url_password is not None and "TWINE_PASSWORD" not in os.environ:
+        twine_env["TWINE_PASSWORD"] = url_password
     upload_url = str(config["repository"])
     return Repository(
         twine_args=twine_args,
         upload_url=upload_url,
         simple_url=simple_url or _simple_url_for(upload_url),
-        # twine's own order: the environment wins over .pypirc
-        username=os.environ.get("TWINE_USERNAME") or config.get("username"),
-        password=secrets[0] if secrets else None,
-        secrets=secrets,
+        username=username,
+        password=passwords[0] if passwords else None,
+        secrets=_masked_forms(username, passwords),
+        twine_env=twine_env,
+        timeout=timeout,
     )
+
+
+def _masked_forms(username: str | None, passwords: tuple[str, ...]) -> tuple[str, ...]:
+    """Each password as it may appear in output: itself, percent-encoded, and inside a Basic login header."""
+    forms = []
+    for password in passwords:
+        forms += [password, quote(password, safe="")]
+        if username:
+            forms.append(base64.b64encode(f"{username}:{password}".encode()).decode())
+    return tuple(dict.fromkeys(forms))
 
 
 def publish(
     wheelhouse: Path,
     repository: str,
     *,
+    project: Layout | None = None,
     config_file: Path | None = None,
     simple_url: str | None = None,
     attempts: int = 4,
     backoff_seconds: float = 2.0,
+    timeout: float = DEFAULT_TIMEOUT,
 ) -> PublishResult:
-    """Upload every wheel in ``wheelhouse`` that the index does not hold yet.
+    """Upload every wheel in ``wheelhouse`` that passes verify and the index does not hold yet.
 
-    Unreachable servers and 5xx answers are retried ``attempts`` times in all, waiting
+    ``project`` (recipes and lock) describes the wheels and names the signing keys for that
+    verify; without it each wheel gets the defaults. Unreachable servers, 5xx answers and calls
+    unanswered after ``timeout`` seconds are retried ``attempts`` times in all, waiting
     ``backoff_seconds``, then twice that, and so on; each try reads the index again first, so a
     file that reached the server before a failure is not sent twice.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, not {attempts}")
-    wheels = scan_wheels(wheelhouse)
-    if not wheels:
+    if not any(wheelhouse.glob("*.whl")):
         raise RocwheelsError(
             f"no wheels to publish in {wheelhouse}",
             fix="build, repair and verify wheels first (verified wheels land in the wheelhouse)",
         )
-    repo = resolve_repository(repository, config_file=config_file, simple_url=simple_url)
+    admission = admit_wheels(wheelhouse, project).require_some()
+    wheels = admission.admitted
+    repo = resolve_repository(repository, config_file=config_file, simple_url=simple_url, timeout=timeout)
     log_file = wheelhouse / "logs" / "publish.log"
     already_there: tuple[WheelFile, ...] | None = None  # what the index held before this run uploaded anything
     for attempt in range(1, attempts + 1):
@@ -166,7 +208,9 @@ def publish(
     uploaded = tuple(w.path for w in wheels if w not in already_there)
     for path in uploaded:
         log.info("%s: uploaded to %s", path.name, repo.upload_url)
-    return PublishResult(repo.upload_url, uploaded, tuple(w.path for w in already_there), records, refused)
+    return PublishResult(
+        repo.upload_url, uploaded, tuple(w.path for w in already_there), records, refused, admission.refused
+    )
 
 
 def _simple_url_for(upload_url: str) -> str:
@@ -202,11 +246,11 @@ def _not_yet_published(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple
 def _listed_files(repo: Repository, projects: list[str]) -> dict[str, _Listed]:
     """File name -> where and with which sha256 the index lists it, for every file of ``projects``."""
     opener = _index_opener(repo)
-    _read_page(opener, repo.simple_url)  # the index answers, and its simple root is where we think
+    _read_page(opener, repo.simple_url, repo.timeout)  # the index answers, and its simple root is where we think
     listed: dict[str, _Listed] = {}
     for project in projects:
         page_url = f"{repo.simple_url}{project}/"
-        page = _read_page(opener, page_url, missing_ok=True)
+        page = _read_page(opener, page_url, repo.timeout, missing_ok=True)
         if page is not None:
             listed.update(_file_links(page, page_url))
     return listed
@@ -231,13 +275,13 @@ def _publish_records(wheels: tuple[WheelFile, ...], repo: Repository) -> tuple[t
         data = record.read_bytes()
         if wheel.path.name in listed:
             url = listed[wheel.path.name].url + SUFFIX
-            there = _read(opener, url, missing_ok=True)
+            there = _read(opener, url, repo.timeout, missing_ok=True)
             if there is not None:
                 if there != data:
                     _warn_other_record(record.name, there, wheel.sha256, url)
                 on_index.append(record)
                 continue
-            refusal = _put_record(opener, url, data)
+            refusal = _put_record(opener, url, data, repo.timeout)
         else:
             refusal = (
                 f"its simple page {repo.simple_url}{wheel.project}/ does not list {wheel.path.name} after the upload"
@@ -280,11 +324,11 @@ def _warn_other_record(name: str, there: bytes, sha256: str, url: str) -> None:
         )
 
 
-def _put_record(opener: OpenerDirector, url: str, data: bytes) -> str | None:
+def _put_record(opener: OpenerDirector, url: str, data: bytes, timeout: float) -> str | None:
     """PUT one record; None when stored, the index's answer when it takes no records at all."""
     request = Request(url, data=data, method="PUT", headers={"Content-Type": "application/json"})
     try:
-        with opener.open(request, timeout=_HTTP_TIMEOUT):
+        with opener.open(request, timeout=timeout):
             return None
     except HTTPError as exc:
         reason = exc.read().decode("utf-8", "replace").strip() or exc.reason
@@ -305,7 +349,7 @@ def _put_record(opener: OpenerDirector, url: str, data: bytes) -> str | None:
             "(rocwheels wheels ... --force), verify it and publish it under a new version",
         ) from None
     except (OSError, http.client.HTTPException) as exc:
-        raise _unreachable(url, exc) from None
+        raise _unreachable(url, exc, timeout) from None
 
 
 def _index_opener(repo: Repository) -> OpenerDirector:
@@ -318,14 +362,14 @@ def _index_opener(repo: Repository) -> OpenerDirector:
     return build_opener(HTTPBasicAuthHandler(passwords))
 
 
-def _read_page(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> str | None:
-    data = _read(opener, url, missing_ok=missing_ok)
+def _read_page(opener: OpenerDirector, url: str, timeout: float, *, missing_ok: bool = False) -> str | None:
+    data = _read(opener, url, timeout, missing_ok=missing_ok)
     return None if data is None else data.decode("utf-8", "replace")
 
 
-def _read(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> bytes | None:
+def _read(opener: OpenerDirector, url: str, timeout: float, *, missing_ok: bool = False) -> bytes | None:
     try:
-        with opener.open(url, timeout=_HTTP_TIMEOUT) as response:
+        with opener.open(url, timeout=timeout) as response:
             body: bytes = response.read()
             return body
     except HTTPError as exc:
@@ -344,13 +388,19 @@ def _read(opener: OpenerDirector, url: str, *, missing_ok: bool = False) -> byte
             fix="pass the index's simple URL (--simple-url), e.g. http://host:port/simple/",
         ) from None
     except (OSError, http.client.HTTPException) as exc:
-        raise _unreachable(url, exc) from None
+        raise _unreachable(url, exc, timeout) from None
 
 
-def _unreachable(url: str, exc: OSError | http.client.HTTPException) -> _TransientError:
+def _unreachable(url: str, exc: OSError | http.client.HTTPException, timeout: float) -> _TransientError:
     """A connection that failed (URLError is an OSError: refused, reset, timeout, DNS), worth another try."""
     reason = exc.reason if isinstance(exc, URLError) else exc
+    if isinstance(reason, TimeoutError):
+        return _TransientError(_no_answer(url, timeout))
     return _TransientError(f"{url}: {getattr(reason, 'strerror', None) or reason}")
+
+
+def _no_answer(url: str, timeout: float) -> str:
+    return f"{url}: no answer within {timeout:g} s (--timeout, {TIMEOUT_ENV})"
 
 
 def _file_links(page: str, page_url: str) -> dict[str, _Listed]:
@@ -379,6 +429,8 @@ def _upload(wheels: tuple[WheelFile, ...], repo: Repository, log_file: Path) -> 
             *repo.twine_args,
             *(w.path for w in wheels),
         ],
+        # The login from the URL and the time limit reach twine through its environment only.
+        env={**repo.twine_env, TIMEOUT_ENV: str(repo.timeout)},
         log_file=log_file,
         check=False,
         redact=repo.secrets,
@@ -402,6 +454,8 @@ def _upload(wheels: tuple[WheelFile, ...], repo: Repository, log_file: Path) -> 
         )
     if match := _TWINE_TRANSIENT.search(flat):
         raise _TransientError(f"upload to {repo.upload_url} failed: {match.group(0)}")
+    if _TWINE_TIMEOUT.search(flat):
+        raise _TransientError(f"upload to {_no_answer(repo.upload_url, repo.timeout)}")
     errors = [line.strip() for line in output.splitlines() if "ERROR" in line] or output.strip().splitlines()[-1:]
     raise RocwheelsError(
         f"twine could not upload to {repo.upload_url}: {' '.join(errors)} (log: {log_file})",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import subprocess
 from collections import deque
@@ -128,8 +129,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait()
 
 
+# Login headers a tool may print (twine --verbose, requests' debug output): their values never reach a log.
+_LOGIN_HEADER = re.compile(
+    r"(?i)\b((?:proxy-)?authorization|cookie|x-api-key)(['\"]?\s*[:=]\s*['\"]?)(?:(basic|bearer|token)\s+)?[^\s'\",}]+"
+)
+
+
 def _mask(text: str, secrets: Sequence[str]) -> str:
     for secret in secrets:
         if secret:
             text = text.replace(secret, "****")
-    return text
+    return _LOGIN_HEADER.sub(lambda m: f"{m[1]}{m[2]}{m[3] + ' ' if m[3] else ''}****", text)

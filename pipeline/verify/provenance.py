@@ -5,21 +5,24 @@ content (the recipe at its version, the patches' and a local source folder's byt
 line, the GPU targets, the driver, the build-environment constraints, rocwheels' version) and
 over the fingerprints of the recipes it depends on, so a change reaches every dependant and
 nothing else. Each wheel accepted into the wheelhouse gets ``<wheel>.provenance.json`` beside it:
-that fingerprint, the inputs in readable form, the toolchain and the wheel's own sha256.
+that fingerprint, the inputs in readable form, the toolchain and the wheel's own sha256, signed
+when rocwheels is given a signing key (pipeline/verify/signing.py: what a team's index must
+carry for a record to be believed).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline import rocwheels_version
 from pipeline.build.sources import IGNORED_NAMES
 from pipeline.errors import RocwheelsError
 from pipeline.util.files import atomic_write, file_sha256
+from pipeline.verify.signing import SignatureCheck, SigningKey, Trust, check_signature
 
 if TYPE_CHECKING:
     from pipeline.description import BuildDescription
@@ -39,6 +42,7 @@ class Provenance:
     inputs: dict[str, Any]
     toolchain: dict[str, str]
     format: int = RECORD_FORMAT
+    signature: dict[str, str] | None = None  # {"key": "ed25519:...", "value": base64} over signed_content()
 
     @classmethod
     def read(cls, path: Path) -> Provenance:
@@ -57,6 +61,14 @@ class Provenance:
         if not isinstance(fields, dict):
             raise ValueError("not a JSON object")
         return cls(**fields)
+
+    def signed_content(self) -> bytes:
+        """What the signature covers: every other field, as canonical JSON (sorted keys, no spaces, ASCII)."""
+        fields = {key: value for key, value in asdict(self).items() if key != "signature"}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+    def signature_check(self, trusted: tuple[str, ...]) -> SignatureCheck:
+        return check_signature(self.signed_content(), self.signature, trusted)
 
 
 def record_path(wheel: Path) -> Path:
@@ -107,9 +119,17 @@ def _digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def write_record(wheel: Path, fingerprint: str, inputs: dict[str, Any], toolchain: dict[str, str]) -> Path:
-    """Write ``<wheel>.provenance.json`` beside the wheel, all at once."""
+def write_record(
+    wheel: Path,
+    fingerprint: str,
+    inputs: dict[str, Any],
+    toolchain: dict[str, str],
+    signer: SigningKey | None = None,
+) -> Path:
+    """Write ``<wheel>.provenance.json`` beside the wheel, all at once; signed by ``signer`` if given."""
     record = Provenance(wheel.name, file_sha256(wheel), wheel.stat().st_size, fingerprint, inputs, toolchain)
+    if signer is not None:
+        record = replace(record, signature=signer.sign(record.signed_content()))
     target = record_path(wheel)
     with atomic_write(target, mode=0o644) as sink:
         sink.write(json.dumps(asdict(record), indent=2, sort_keys=True).encode("utf-8"))
@@ -153,3 +173,45 @@ def check_record(wheel: Path) -> tuple[bool, str]:
             f"verified (fix: rebuild it with rocwheels wheels ... --force)"
         )
     return True, f"fingerprint {record.fingerprint[:12]}, sha256 matches"
+
+
+Level = Literal["ok", "warning", "error"]
+
+
+def check_record_signature(wheel: Path, trusted: tuple[str, ...] | None) -> tuple[Level, str] | None:
+    """(level, message) on the signature of the record beside ``wheel``; None when it has no readable record.
+
+    ``trusted``: the public keys of the lock (None outside a project: who may sign is not known).
+    A signature that does not match the record is an error whoever signed; a key the lock does
+    not list is an error where the lock is known; an unsigned record is only worth a warning when
+    the lock expects signatures, as reuse from an index then builds the wheel again rather than
+    believe it.
+    """
+    path = record_path(wheel)
+    if not path.is_file():
+        return None
+    try:
+        record = Provenance.read(path)
+    except RocwheelsError:
+        return None  # check_record reports it
+    check = record.signature_check(trusted or ())
+    if check.trust is Trust.SIGNED:
+        return "ok", check.message
+    if check.trust is Trust.FORGED:
+        return "error", (
+            f"{path.name}: {check.message}: the record was changed after it was signed, or forged "
+            "(fix: rebuild the wheel with rocwheels wheels ... --force where the signing key is set)"
+        )
+    if check.trust is Trust.UNKNOWN_KEY:
+        if trusted is None:
+            return "warning", f"{check.message}; outside a rocwheels project the trusted keys are not known"
+        return "error", (
+            f"{path.name}: {check.message} (fix: add the key to [signing] public_keys in the lock if it is the "
+            "team's, else rebuild the wheel where the team's key is set)"
+        )
+    if trusted:
+        return "warning", (
+            f"{path.name} is not signed: publish sends it, but CI reuse (--from-index) builds this wheel again "
+            "rather than believe it (sign records by setting ROCWHEELS_SIGNING_KEY where wheels are built)"
+        )
+    return "ok", "not signed (the lock lists no signing keys)"

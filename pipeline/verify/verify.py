@@ -25,7 +25,7 @@ from pipeline.config.recipes import Smoke
 from pipeline.config.rocm_wheels import loaded_from_packages_check
 from pipeline.config.targets import runs_on
 from pipeline.repair.pins import missing_pins
-from pipeline.verify.provenance import check_record
+from pipeline.verify.provenance import check_record, check_record_signature
 from pipeline.verify.smoke import smoke_test
 from pipeline.wheel.analyze import (
     DEFAULT_LIBRARY_DIRS,
@@ -94,8 +94,15 @@ class Report:
 
 
 def verify_wheel(
-    wheel: Path, expect: Expectations, *, smoke: bool = True, log_file: Path | None = None, scratch: Path | None = None
+    wheel: Path,
+    expect: Expectations,
+    *,
+    smoke: bool = True,
+    log_file: Path | None = None,
+    scratch: Path | None = None,
+    trusted_keys: tuple[str, ...] | None = None,
 ) -> Report:
+    """``trusted_keys``: the lock's signing keys, for the record beside the wheel (None: outside a project)."""
     analysis = analyze_wheel(wheel, expect.layout)
     findings = [
         *_rocm_inside(analysis),
@@ -106,7 +113,7 @@ def verify_wheel(
         *_platform_allowed(analysis),
         *_pinned_requirements(analysis, expect.pins),
         *variant_findings(wheel, _code_targets(analysis)),
-        _provenance(wheel),
+        *_provenance(wheel, trusted_keys),
     ]
     if smoke and expect.smoke is not None:
         if any(f.level == ERROR for f in findings):
@@ -169,10 +176,15 @@ def _rocm_packages_check(analysis: WheelAnalysis, smoke: Smoke) -> tuple[str, ..
     return (loaded_from_packages_check(sonames, smoke.imports),) if sonames else ()
 
 
-def _provenance(wheel: Path) -> Finding:
-    """A wheel with a provenance record beside it must still be the file that record describes."""
+def _provenance(wheel: Path, trusted_keys: tuple[str, ...] | None) -> list[Finding]:
+    """A wheel with a provenance record beside it must still be the file that record describes,
+    and the record what a trusted key signed."""
     ok, message = check_record(wheel)
-    return Finding("ok" if ok else ERROR, "provenance", message)
+    findings = [Finding("ok" if ok else ERROR, "provenance", message)]
+    signature = check_record_signature(wheel, trusted_keys)
+    if signature is not None:
+        findings.append(Finding(signature[0], "signature", signature[1]))
+    return findings
 
 
 def _rocm_inside(analysis: WheelAnalysis) -> list[Finding]:

@@ -81,14 +81,14 @@ def download_torch_deps(folder: Path) -> Path:
 
 
 @contextmanager
-def published(wheelhouse: Path, root: Path) -> Iterator[RunningIndex]:
-    """A real pypiserver holding the wheelhouse, uploaded by rocwheels' publish (twine)."""
+def published(project: Layout, root: Path) -> Iterator[RunningIndex]:
+    """A real pypiserver holding the project's wheelhouse, uploaded by rocwheels' publish (twine)."""
     add_htpasswd_user(root / "htpasswd", USER, PASSWORD)
     with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
         with pytest.MonkeyPatch.context() as env:
             env.setenv("TWINE_USERNAME", USER)
             env.setenv("TWINE_PASSWORD", PASSWORD)
-            publish(wheelhouse, server.url)
+            publish(project.wheelhouse, server.url, project=project)
         yield server
 
 
