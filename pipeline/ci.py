@@ -250,7 +250,7 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str, *, timeout: flo
     if not trusted:
         log.warning(
             "%s lists no signing keys ([signing] public_keys): no provenance record on %s can be believed, so "
-            "every wheel is built here (README: Signed provenance)",
+            "every wheel is built here (docs/ci.md: Signed provenance)",
             layout.recipes_dir / LOCK_FILE,
             root,
         )

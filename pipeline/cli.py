@@ -485,7 +485,7 @@ def publish_command(
 
 @cli.group("key")
 def key_group() -> None:
-    """Keys that sign provenance records (README: Signed provenance)."""
+    """Keys that sign provenance records (docs/ci.md: Signed provenance)."""
 
 
 @key_group.command("new")
