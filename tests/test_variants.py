@@ -228,3 +228,23 @@ def test_uv_with_wheel_variants_skips_amds_provider(tmp_path, variant_house, sta
         refused = run([*install, "--refresh"], env=env, check=False)
     assert refused.returncode != 0
     assert "has only unsupported wheel variants" in refused.output
+
+
+def test_a_variant_wheel_found_on_its_own_gets_a_python_for_its_smoke_test() -> None:
+    """packaging's parser rejects the label; the smoke test must still find the wheel's interpreter."""
+    import sys
+
+    from pipeline.verify.smoke import interpreter_for
+
+    tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert interpreter_for(Path(f"alpha-1.0-{tag}-{tag}-linux_x86_64-gfx942.whl")) == sys.executable
+
+
+def test_a_variant_wheel_found_on_its_own_passes_its_smoke_test(tmp_path, make_wheel):
+    """pip reads no variant names: the smoke test installs the variant wheel's own bytes under its plain name."""
+    from pipeline.config.recipes import Smoke
+    from pipeline.verify.smoke import smoke_test
+
+    variant = _variant(make_wheel, tmp_path, ("gfx942",))
+    result = smoke_test(variant, Smoke(imports=("rocm_canary",)), scratch=tmp_path)
+    assert result.passed, result.message

@@ -36,8 +36,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
-
 from pipeline.build.compiler_cache import SCCACHE_VARIABLES, RemoteCache, remote_cache, sccache_note
 from pipeline.build.engine import Engine, detect_engine
 from pipeline.build.image import build_image
@@ -54,6 +52,7 @@ from pipeline.plan import Plan
 from pipeline.util.cmd import run
 from pipeline.util.log import recipe_logger
 from pipeline.verify.smoke import gpu_present
+from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheels import Driver
 
 log = logging.getLogger("rocwheels")
@@ -429,7 +428,7 @@ def _one_per_python(step: BuildDescription, plan: Plan, raw: Path, log_file: Pat
     """The built wheels in the line's Python order, exactly one for each Python."""
     by_python: dict[str, list[Path]] = {}
     for wheel in sorted(raw.glob("*.whl")):
-        for interpreter in sorted({tag.interpreter for tag in parse_wheel_filename(wheel.name)[3]}):
+        for interpreter in sorted({tag.interpreter for tag in parse_wheel_name(wheel.name)[3]}):
             by_python.setdefault(interpreter, []).append(wheel)
     wanted = [python_tag(version) for version in step.python]
     if any(len(by_python.get(python, ())) != 1 for python in wanted):

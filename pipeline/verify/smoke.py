@@ -5,6 +5,7 @@ GPU checks (``gpu_code``) run only where the kernel exposes an AMD GPU (``/dev/k
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -12,12 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
-
 from pipeline.config.recipes import Smoke
 from pipeline.config.toolchain import python_version
 from pipeline.errors import CommandError
 from pipeline.util.cmd import run
+from pipeline.wheel.archive import parse_wheel_name, split_variant
 
 KFD = Path("/dev/kfd")
 
@@ -35,7 +35,7 @@ def gpu_present() -> bool:
 
 def interpreter_for(wheel: Path) -> str | None:
     """A Python on this machine that can install the wheel (its cpXY tag), or None."""
-    tags = parse_wheel_filename(wheel.name)[3]
+    tags = parse_wheel_name(wheel.name)[3]
     versions = {version for tag in tags if (version := python_version(tag.interpreter))}
     if not versions or f"{sys.version_info.major}.{sys.version_info.minor}" in versions:
         return sys.executable
@@ -66,6 +66,7 @@ def smoke_test(
     with tempfile.TemporaryDirectory(prefix="rocwheels-smoke-", dir=scratch) as folder:
         venv = Path(folder) / "venv"
         venv_python = venv / "bin" / "python"
+        wheel = _installable(wheel, Path(folder))
         try:
             # No pip inside: seeding one is most of a venv's cost. rocwheels' own pip installs into
             # it (--python), with the same resolver, configuration and constraints as before.
@@ -103,3 +104,17 @@ def smoke_test(
         else "no GPU check"
     )
     return SmokeResult(True, False, f"installed in a fresh venv; {', '.join(smoke.imports)} imported; {gpu}")
+
+
+def _installable(wheel: Path, folder: Path) -> Path:
+    """``wheel`` under a name pip installs: a variant wheel's bytes under its name without the label
+    (no pip reads PEP 825 names yet; its variant.json is one more file of the install)."""
+    plain, label = split_variant(wheel.name)
+    if label is None:
+        return wheel
+    target = folder / plain
+    try:
+        os.link(wheel, target)
+    except OSError:  # another file system
+        shutil.copyfile(wheel, target)
+    return target
