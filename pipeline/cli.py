@@ -511,14 +511,20 @@ def index_group() -> None:
 
 
 @index_group.command("build")
+@click.option(
+    "--index-url",
+    default=None,
+    help="the team index's PEP 503 root (http://host:8080/simple/): pin what it holds, warn where the wheelhouse differs",
+)
+@timeout_option
 @click.pass_obj
-def index_build(obj: Context) -> None:
+def index_build(obj: Context, index_url: str | None, timeout: float) -> None:
     """Write wheelhouse/simple/<line>/ (PEP 503), constraints-<line>.txt (exact pins) and
     requirements-<line>.txt (the same pins with hashes, for --require-hashes)."""
     from pipeline.publish.admission import REFUSAL_FIX, refusal_summary
     from pipeline.publish.index import build_team_index
 
-    built = build_team_index(obj.layout)
+    built = build_team_index(obj.layout, index_url, timeout=timeout)
     for kind, path in built.written:
         click.echo(f"{kind}: {path}{'/' if kind == 'index' else ''}")
     if built.refused:
@@ -573,12 +579,21 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
-def serve_command(packages: Path, htpasswd: Path, host: str, port: int) -> None:
+@click.pass_obj
+def serve_command(obj: Context, packages: Path, htpasswd: Path, host: str, port: int) -> None:
     """Run a private index (pypiserver) until Ctrl-C; uploads need an htpasswd login; its log: PACKAGES/../pypiserver.log."""
+    from pipeline.publish.index import line_settings
     from pipeline.publish.serve import serve
 
     # pypiserver's own output (requests, and a traceback if it fails) goes to a file beside the packages.
-    serve(packages, htpasswd, host=host, port=port, log_file=packages.parent / "pypiserver.log")
+    serve(
+        packages,
+        htpasswd,
+        host=host,
+        port=port,
+        log_file=packages.parent / "pypiserver.log",
+        lines=line_settings(obj.layout),
+    )
 
 
 @cli.command("demo")

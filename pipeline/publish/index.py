@@ -7,6 +7,7 @@ another, so each line gets its own index tree (``simple/rocm6.2/``) and its own 
 from __future__ import annotations
 
 import html
+import json
 import logging
 import os
 import shutil
@@ -25,6 +26,7 @@ from packaging.version import Version
 from pipeline.config.layout import Layout
 from pipeline.errors import RocwheelsError
 from pipeline.util.files import atomic_write, file_sha256, raise_write_error
+from pipeline.util.net import DEFAULT_TIMEOUT
 from pipeline.util.runlock import GENERATION_PREFIX, INDEX_LINK, generation_prefix, wheelhouse_lock
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.wheel.archive import check_wheel, parse_wheel_name, split_variant
@@ -90,6 +92,11 @@ def _check_provenance(wheel: WheelFile) -> None:
         )
 
 
+# Grouped wheels of a wheelhouse (``wheels_by_label``): callers writing both the index and the
+# constraints group once, so multi-GB wheels are hashed once.
+Lines = Mapping[str, tuple[WheelFile, ...]]
+
+
 def wheels_by_label(wheelhouse: Path, aliases: Mapping[str, str] | None = None) -> dict[str, tuple[WheelFile, ...]]:
     """The wheelhouse's wheels grouped by ROCm line label; wheels without one are left out (with a warning).
 
@@ -103,26 +110,46 @@ def group_by_label(
     wheels: Iterable[WheelFile], wheelhouse: Path, aliases: Mapping[str, str] | None = None
 ) -> dict[str, tuple[WheelFile, ...]]:
     """``wheels`` (of ``wheelhouse``) grouped by ROCm line label, as ``wheels_by_label`` describes."""
-    aliases = aliases or {}
-    lines: dict[str, list[WheelFile]] = defaultdict(list)
+    wheels = tuple(wheels)
     for wheel in wheels:
         if wheel.label is None:
             log.warning(
                 "%s: no +rocmX.Y local version label, left out of the per-line index and constraints", wheel.path.name
             )
-            continue
-        lines[aliases.get(wheel.label, wheel.label)].append(wheel)
+    lines = label_lines(wheels, aliases)
     if not lines:
         raise RocwheelsError(
             f"no wheels with a +rocmX.Y local version label in {wheelhouse}",
             fix="build, repair and verify wheels first (they land in the wheelhouse)",
         )
+    return lines
+
+
+def label_lines(
+    wheels: Iterable[WheelFile], aliases: Mapping[str, str] | None = None
+) -> dict[str, tuple[WheelFile, ...]]:
+    """Any wheels (a wheelhouse's, an index's) by ROCm line label, sorted; wheels without one are left out."""
+    aliases = aliases or {}
+    lines: dict[str, list[WheelFile]] = defaultdict(list)
+    for wheel in wheels:
+        if wheel.label is not None:
+            lines[aliases.get(wheel.label, wheel.label)].append(wheel)
     return {label: tuple(wheels) for label, wheels in sorted(lines.items())}
 
 
-# Grouped wheels of a wheelhouse (``wheels_by_label``): callers writing both the index and the
-# constraints group once, so multi-GB wheels are hashed once.
-Lines = Mapping[str, tuple[WheelFile, ...]]
+def newest_releases(lines: Lines) -> dict[str, tuple[WheelFile, ...]]:
+    """Each project's newest release per line, its plain wheel and variants: what an index that keeps
+    every version it was given (a team's) pins. The newest version with a plain wheel wins, as pins
+    name plain wheels only."""
+    newest = {}
+    for label, wheels in lines.items():
+        kept = []
+        for files in _by_project(wheels).values():
+            plain = [w.version for w in files if w.variant is None]
+            version = max(plain or [w.version for w in files])
+            kept += [w for w in files if w.version == version]
+        newest[label] = tuple(sorted(kept, key=lambda w: w.path.name))
+    return newest
 
 
 def build_static_index(wheelhouse: Path, lines: Lines | None = None) -> tuple[Path, ...]:
@@ -194,19 +221,26 @@ def _release_file(wheel: WheelFile) -> Path:
     return wheel.path.with_name(variants_json_name(wheel.path.name.split("-", 1)[0], str(wheel.version)))
 
 
-def write_variants_json(wheels: Iterable[WheelFile]) -> tuple[Path, ...]:
-    """Write ``{name}-{version}-variants.json`` beside the wheels of every release with variant wheels:
-    all its variants' variant.json merged, so an installer learns every label from one file. Made
-    again from the wheels each time: a variant added later is in it, one removed is not."""
+def variant_releases(wheels: Iterable[WheelFile]) -> dict[Path, tuple[Path, ...]]:
+    """Each release with variant wheels: its ``{name}-{version}-variants.json`` beside the wheels ->
+    its variant wheels, sorted."""
     releases: dict[Path, list[Path]] = defaultdict(list)
     for wheel in wheels:
         if wheel.variant:
             releases[_release_file(wheel)].append(wheel.path)
-    for path, variants in sorted(releases.items()):
+    return {path: tuple(sorted(variants)) for path, variants in sorted(releases.items())}
+
+
+def write_variants_json(wheels: Iterable[WheelFile]) -> tuple[Path, ...]:
+    """Write ``{name}-{version}-variants.json`` beside the wheels of every release with variant wheels:
+    all its variants' variant.json merged, so an installer learns every label from one file. Made
+    again from the wheels each time: a variant added later is in it, one removed is not."""
+    releases = variant_releases(wheels)
+    for path, variants in releases.items():
         with atomic_write(path) as pending:
-            pending.write(merge_variants_json(sorted(variants)).encode("utf-8"))
+            pending.write(merge_variants_json(variants).encode("utf-8"))
         log.info("%s: %d variant wheels -> %s", path.name, len(variants), path)
-    return tuple(sorted(releases))
+    return tuple(releases)
 
 
 def _by_project(wheels: tuple[WheelFile, ...]) -> dict[str, list[WheelFile]]:
@@ -249,6 +283,17 @@ def write_requirements(wheelhouse: Path, lines: Lines | None = None) -> tuple[Pa
     return _write_pin_files(wheelhouse, lines, _requirements_name, hashes=True, rocm_pins={})
 
 
+def pin_files(lines: Lines, *, rocm_pins: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, str]:
+    """File name -> text of every line's constraints and requirements file, as :func:`write_constraints`
+    and :func:`write_requirements` write them (``rocwheels serve`` hands out the same texts)."""
+    check_pinnable(lines)
+    files = {}
+    for label, wheels in lines.items():
+        files[_constraints_name(label)] = _pin_text(label, wheels, hashes=False, rocm_pins=(rocm_pins or {}).get(label))
+        files[_requirements_name(label)] = _pin_text(label, wheels, hashes=True, rocm_pins=None)
+    return files
+
+
 def _write_pin_files(
     wheelhouse: Path,
     lines: Lines | None,
@@ -261,30 +306,31 @@ def _write_pin_files(
     lines = lines if lines is not None else wheels_by_label(wheelhouse)
     check_pinnable(lines)
     for label, wheels in lines.items():
-        # pip reads no variant file name: a line's pins name its plain wheels.
-        pins = _by_project(tuple(w for w in wheels if w.variant is None))
-        use = (
-            f"pip install --require-hashes --no-deps -r {file_name(label)}"
-            if hashes
-            else f"pip install -c {file_name(label)} ..."
-        )
-        text = [f"# {label} wheels built by rocwheels; use: {use}"]
-        for project, files in sorted(pins.items()):
-            pin = f"{project}=={files[0].version}"
-            if hashes:
-                pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
-            text.append(pin)
-        if rocm_pins.get(label):
-            text += [
-                "# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror",
-                *rocm_pins[label],
-            ]
         path = wheelhouse / file_name(label)
         with atomic_write(path) as pending:
-            pending.write(("\n".join(text) + "\n").encode("utf-8"))
-        log.info("%s: %d pins -> %s", path.name, len(pins), path)
+            pending.write(_pin_text(label, wheels, hashes=hashes, rocm_pins=rocm_pins.get(label)).encode("utf-8"))
+        log.info("%s: pins of the %s line -> %s", path.name, label, path)
         written.append(path)
     return tuple(written)
+
+
+def _pin_text(label: str, wheels: tuple[WheelFile, ...], *, hashes: bool, rocm_pins: tuple[str, ...] | None) -> str:
+    # pip reads no variant file name: a line's pins name its plain wheels.
+    pins = _by_project(tuple(w for w in wheels if w.variant is None))
+    use = (
+        f"pip install --require-hashes --no-deps -r {_requirements_name(label)}"
+        if hashes
+        else f"pip install -c {_constraints_name(label)} ..."
+    )
+    text = [f"# {label} wheels built by rocwheels; use: {use}"]
+    for project, files in sorted(pins.items()):
+        pin = f"{project}=={files[0].version}"
+        if hashes:
+            pin += "".join(f" \\\n    --hash=sha256:{w.sha256}" for w in sorted(files, key=lambda w: w.path.name))
+        text.append(pin)
+    if rocm_pins:
+        text += ["# ROCm itself: the line's packages from AMD's index (--extra-index-url) or a mirror", *rocm_pins]
+    return "\n".join(text) + "\n"
 
 
 def check_pinnable(lines: Lines) -> None:
@@ -328,36 +374,113 @@ def page_links(page: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class LineSettings:
+    """What the lock adds to a line's pins: labels packages give themselves (``rocm624`` -> ``rocm6.2``)
+    and a ``wheels`` line's ROCm packages (label -> pins)."""
+
+    aliases: Mapping[str, str]
+    rocm_pins: Mapping[str, tuple[str, ...]]
+
+    def to_json(self) -> str:
+        return json.dumps({"aliases": dict(self.aliases), "rocm_pins": dict(self.rocm_pins)})
+
+    @classmethod
+    def from_json(cls, text: str) -> LineSettings:
+        data = json.loads(text)
+        return cls(data["aliases"], {label: tuple(pins) for label, pins in data["rocm_pins"].items()})
+
+
+def line_settings(layout: Layout) -> LineSettings:
+    """The lines' settings from the recipes folder; none without a lock (a packages folder served alone)."""
+    from pipeline.config import lock as lockmod
+    from pipeline.config.recipes import LOCK_FILE
+    from pipeline.config.rocm_wheels import constraint_pins
+    from pipeline.description import label_aliases
+
+    if not (layout.recipes_dir / LOCK_FILE).is_file():
+        return LineSettings({}, {})
+    lock_lines = lockmod.load_lock(layout.recipes_dir).lock.lines.values()
+    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
+    return LineSettings(label_aliases(layout), rocm_pins)
+
+
+def index_lines(
+    index_url: str, local: Lines, aliases: Mapping[str, str], timeout: float
+) -> dict[str, tuple[WheelFile, ...]]:
+    """What the team index at ``index_url`` (a PEP 503 root) holds, per line: each project's newest
+    release with the sha256 the index lists. Every way the local wheelhouse's lines disagree with
+    it is logged as a warning naming the file: the pins follow the index, which is what teammates
+    install from."""
+    from pipeline.publish.upload import listed_wheels
+
+    held = []
+    for name, sha256 in sorted(listed_wheels(index_url, timeout).items()):
+        try:
+            project, version, _build, _tags = parse_wheel_name(name)
+        except InvalidWheelFilename:
+            continue  # not a wheel rocwheels wrote, so no pin of ours
+        # An index's wheel is known by its name and listed hash: the path is the file name alone.
+        held.append(WheelFile(Path(name), project, version, sha256, split_variant(name)[1]))
+    lines = newest_releases(label_lines(held, aliases))
+    if not lines:
+        raise RocwheelsError(
+            f"{index_url} lists no wheels with a +rocmX.Y local version label",
+            fix="publish the wheelhouse first (rocwheels publish --repository ...), or check --index-url "
+            "(a PEP 503 simple root such as http://host:8080/simple/)",
+        )
+    on_index = {w.path.name: w for w in held}
+    local_files = {w.path.name: w for wheels in local.values() for w in wheels}
+    for name, wheel in sorted(local_files.items()):
+        there = on_index.get(name)
+        if there is None:
+            log.warning(
+                "%s is in the wheelhouse but not on %s (not published?): the pin files leave it out", name, index_url
+            )
+        elif there.sha256 != wheel.sha256:
+            log.warning(
+                "%s: %s holds sha256 %s, the wheelhouse %s: the pin files hold the index's",
+                name,
+                index_url,
+                there.sha256,
+                wheel.sha256,
+            )
+    for wheels in lines.values():
+        for wheel in wheels:
+            if wheel.path.name not in local_files:
+                log.warning(
+                    "%s is on %s but not in the wheelhouse: pinned as the index holds it", wheel.path.name, index_url
+                )
+    return lines
+
+
+@dataclass(frozen=True)
 class TeamIndex:
     written: tuple[tuple[str, Path], ...]  # (kind, path) of each index tree and pin file
     refused: tuple[Refused, ...]  # wheels of the wheelhouse that failed verify: not indexed, not pinned
 
 
-def build_team_index(layout: Layout) -> TeamIndex:
+def build_team_index(layout: Layout, index_url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> TeamIndex:
     """``rocwheels index build``: the static index, constraints and hashed requirements of every line
-    in the wheelhouse, written together, of the wheels that pass verify (``admit_wheels``)."""
-    from pipeline.config import lock as lockmod
-    from pipeline.config.recipes import LOCK_FILE
-    from pipeline.config.rocm_wheels import constraint_pins
-    from pipeline.description import label_aliases
+    in the wheelhouse, written together, of the wheels that pass verify (``admit_wheels``). Given the
+    team index's ``index_url``, the pin files hold what that index holds, and each difference from
+    the wheelhouse is warned about."""
     from pipeline.errors import InputError
     from pipeline.publish.admission import admit_wheels
 
-    aliases = label_aliases(layout)
     if not layout.wheelhouse.is_dir():
         raise InputError(
             f"no wheelhouse at {layout.wheelhouse}",
             fix="build wheels first (rocwheels wheels ...) or pass --wheelhouse",
         )
-    lock_lines = (
-        lockmod.load_lock(layout.recipes_dir).lock.lines.values() if (layout.recipes_dir / LOCK_FILE).is_file() else ()
-    )
-    rocm_pins = {line.local_version: constraint_pins(line) for line in lock_lines if line.rocm_wheels}
+    settings = line_settings(layout)
     with wheelhouse_lock(layout.wheelhouse):
         admission = admit_wheels(layout.wheelhouse, layout).require_some()
-        lines = group_by_label(admission.admitted, layout.wheelhouse, aliases)
+        lines = group_by_label(admission.admitted, layout.wheelhouse, settings.aliases)
         check_pinnable(lines)  # before the new index is swapped in: index and pin files change together
+        pinned = index_lines(index_url, lines, settings.aliases, timeout) if index_url else lines
         written = [("index", root) for root in build_static_index(layout.wheelhouse, lines)]
-        written += [("constraints", path) for path in write_constraints(layout.wheelhouse, lines, rocm_pins=rocm_pins)]
-        written += [("requirements", path) for path in write_requirements(layout.wheelhouse, lines)]
+        written += [
+            ("constraints", path) for path in write_constraints(layout.wheelhouse, pinned, rocm_pins=settings.rocm_pins)
+        ]
+        written += [("requirements", path) for path in write_requirements(layout.wheelhouse, pinned)]
     return TeamIndex(tuple(written), admission.refused)

@@ -42,6 +42,7 @@ from pypiserver.__main__ import main
 from pypiserver.bottle_wrapper import HTTPError, request
 
 from pipeline.publish.serve import UPLOAD_PREFIX
+from pipeline.publish.served_files import ServedFiles
 from pipeline.util.files import atomic_write, file_sha256
 from pipeline.verify.provenance import SUFFIX, Provenance
 
@@ -168,8 +169,10 @@ def _answer(
     return [body]
 
 
-def _with_records(app: Any, config: Any) -> ProvenanceRecords:
-    return ProvenanceRecords(_setup_routes(app, config), config)
+def _with_records(app: Any, config: Any) -> ServedFiles:
+    records = ProvenanceRecords(_setup_routes(app, config), config)
+    # Pin files and variants.json behind the same login rules as the records.
+    return ServedFiles(records, config, records._login_refusal)
 
 
 def store_upload(stream: BinaryIO, destination: Path | str) -> None:

@@ -1,7 +1,8 @@
 """A private index for the team: a real pypiserver over a packages folder, uploads behind htpasswd.
 
 Each wheel's provenance record is served and accepted beside it (pipeline/publish/pypiserver_records.py),
-as on the static index: ``<wheel URL>.provenance.json``.
+as on the static index: ``<wheel URL>.provenance.json``; each line's pin files and each release's
+variants.json are made from the packages folder (pipeline/publish/served_files.py).
 
 pypiserver runs for as long as the index is wanted, so it is started with ``subprocess.Popen``
 rather than :func:`pipeline.util.cmd.run` (which waits for its command to end); the command is still
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 import shlex
 import socket
@@ -28,6 +30,8 @@ from urllib.request import urlopen
 from passlib.apache import HtpasswdFile
 
 from pipeline.errors import InputError, RocwheelsError
+from pipeline.publish.index import LineSettings
+from pipeline.publish.served_files import LINE_SETTINGS_VARIABLE
 from pipeline.util.files import atomic_write
 
 log = logging.getLogger("rocwheels")
@@ -85,7 +89,13 @@ def _load_htpasswd(htpasswd: Path) -> HtpasswdFile:
 
 
 def serve(
-    packages: Path, htpasswd: Path, *, host: str = "127.0.0.1", port: int = 8080, log_file: Path | None = None
+    packages: Path,
+    htpasswd: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    log_file: Path | None = None,
+    lines: LineSettings | None = None,
 ) -> None:
     """Run pypiserver in the foreground until interrupted, then stop it.
 
@@ -93,7 +103,7 @@ def serve(
     which stops pypiserver: the command line's signal policy (pipeline/util/interrupts.py) turns
     both into an exception, so the server never outlives rocwheels on its port.
     """
-    with running_pypiserver(packages, htpasswd, host=host, port=port, log_file=log_file) as index:
+    with running_pypiserver(packages, htpasswd, host=host, port=port, log_file=log_file, lines=lines) as index:
         where = f"; its log: {log_file}" if log_file else ""
         log.info(
             "serving %s: upload with rocwheels publish --repository %s, install with --extra-index-url %s "
@@ -119,12 +129,14 @@ def running_pypiserver(
     port: int = 0,
     log_file: Path | None = None,
     startup_timeout: float = 30.0,
+    lines: LineSettings | None = None,
 ) -> Iterator[RunningIndex]:
     """Start pypiserver (``port=0``: a free one), wait until it answers, and stop it on exit.
 
     Uploads need a login from ``htpasswd``; listing and downloads are open. Unknown projects are not
     redirected to PyPI (``--disable-fallback``): a private index must answer only for itself. The
-    server's output goes to ``log_file`` (the terminal when None).
+    server's output goes to ``log_file`` (the terminal when None). ``lines`` (the lock's label aliases
+    and ROCm pins) go into the pin files it serves.
     """
     if not htpasswd.is_file():
         raise InputError(
@@ -167,7 +179,10 @@ def running_pypiserver(
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         sink = log_file.open("a", encoding="utf-8")
-    process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT if sink else None)
+    env = {**os.environ, LINE_SETTINGS_VARIABLE: (lines or LineSettings({}, {})).to_json()}
+    process = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT if sink else None, env=env
+    )
     try:
         _wait_until_answering(process, url, startup_timeout, log_file)
         yield RunningIndex(url, url + "simple/", process)

@@ -461,3 +461,34 @@ def _upload(wheels: tuple[WheelFile, ...], repo: Repository, log_file: Path) -> 
         f"twine could not upload to {repo.upload_url}: {' '.join(errors)} (log: {log_file})",
         fix=f"read {log_file}; rerun with the same command once fixed: uploaded wheels are skipped",
     )
+
+
+def listed_wheels(simple_url: str, timeout: float = DEFAULT_TIMEOUT) -> dict[str, str]:
+    """File name -> sha256 of every wheel a PEP 503 index lists, across all its projects (``index build
+    --index-url``). The index is read with the upload login from the environment, if any."""
+    root = simple_url if simple_url.endswith("/") else simple_url + "/"
+    repo = Repository(
+        twine_args=(),
+        upload_url=root,
+        simple_url=root,
+        username=os.environ.get("TWINE_USERNAME"),
+        password=os.environ.get("TWINE_PASSWORD"),
+        timeout=timeout,
+    )
+    try:
+        page = _read_page(_index_opener(repo), root, timeout) or ""
+        projects = sorted({unquote(urlsplit(href).path.rstrip("/").rsplit("/", 1)[-1]) for href in page_links(page)})
+        listed = _listed_files(repo, projects)
+    except _TransientError as exc:
+        raise RocwheelsError(
+            f"the package index is unreachable or failing: {exc}",
+            fix="check that the index is running and that --index-url is its simple root (http://host:8080/simple/)",
+        ) from None
+    wheels = {name: file for name, file in listed.items() if name.endswith(".whl")}
+    unhashed = sorted(name for name, file in wheels.items() if file.sha256 is None)
+    if unhashed:
+        raise RocwheelsError(
+            f"{root} lists {', '.join(unhashed)} without a #sha256= fragment: their hashes cannot be pinned",
+            fix="serve the index with rocwheels serve (pypiserver --hash-algo sha256) or another index that lists sha256",
+        )
+    return {name: file.sha256 for name, file in wheels.items() if file.sha256}
