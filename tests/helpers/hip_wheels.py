@@ -24,7 +24,6 @@ import pytest
 from pipeline.config.toolchain import HIP_ENV
 from pipeline.repair.repair import RepairSettings, repair_wheel
 from pipeline.util.cmd import run
-from tests.helpers.hip import HIP_ENV
 
 EXT = sysconfig.get_config_var("EXT_SUFFIX")
 PY_INCLUDE = sysconfig.get_paths()["include"]
