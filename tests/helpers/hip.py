@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-# Without HIP_PLATFORM=amd, hipcc picks the nvcc that is also installed.
-HIP_ENV = {"HIP_PLATFORM": "amd"}
+from pipeline.config.toolchain import HIP_ENV
+
+__all__ = ["CANDIDATE_TARGETS", "HIP_ENV", "KERNEL"]
+
 # Processors worth trying: a session keeps those the local hipcc compiles for (HIP 5.2 rejects
 # gfx942 and lacks device libraries for gfx1100; newer toolchains take more).
 CANDIDATE_TARGETS = ("gfx908", "gfx90a", "gfx940", "gfx942", "gfx950", "gfx1030", "gfx1100")
