@@ -1,6 +1,6 @@
 """A teammate's install, run exactly as the README writes it, with the pips teammates have.
 
-The commands are read from the "Install as a teammate" section of docs/publish-and-install.md (the README links it); only the index URL is
+The commands are read from the README's "As a teammate" section; only the index URL is
 swapped for a local one. Each installer (pip 23.2.1, what a fresh Python 3.11 venv brings; the
 newest 24.x, 25.x and 26.x, all from PyPI; and uv) gets one venv for the module, and installs
 one canary wheel from pypiserver and from the static index. The default index stands in for
@@ -33,8 +33,8 @@ pytestmark = pytest.mark.network
 
 def readme_commands() -> dict[str, list[str]]:
     """The install section's code blocks: the one-step pins form, then the hash-checked two steps."""
-    text = (REPO / "docs" / "publish-and-install.md").read_text()
-    section = text.split("## Install as a teammate", 1)[1].split("\n#", 1)[0]
+    text = (REPO / "README.md").read_text()
+    section = text.split("### As a teammate", 1)[1].split("\n#", 1)[0]
     blocks = [
         [line.strip() for line in block.splitlines()]
         for block in re.findall(r"((?:^    pip install .*\n)+)", section, flags=re.MULTILINE)

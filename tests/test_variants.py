@@ -190,13 +190,8 @@ README_URL = "http://buildhost:8000/simple/rocm6.2/"
 
 
 def readme_uv_command() -> list[str]:
-    """The uv command of the README's variant section, as a teammate types it."""
-    section = (
-        (REPO / "docs" / "publish-and-install.md")
-        .read_text()
-        .split("## GPU builds: variant wheels", 1)[1]
-        .split("\n#", 1)[0]
-    )
+    """The uv command of the README's teammates' section, as a teammate types it."""
+    section = (REPO / "README.md").read_text().split("### As a teammate", 1)[1].split("\n#", 1)[0]
     (line,) = [line.strip() for line in section.splitlines() if line.strip().startswith("uv pip install")]
     return shlex.split(line)
 
