@@ -29,6 +29,7 @@ from pipeline.ci import (
     fetch_from_index,
     github_outputs,
     gitlab_pipeline,
+    simple_root,
 )
 from pipeline.cli import cli
 from pipeline.config.layout import Layout
@@ -521,3 +522,11 @@ def test_the_matrix_refuses_an_unpinned_builder_image_before_anything_fans_out()
     )
     assert result.returncode != 0 and "not pinned by digest" in result.stderr, result.stderr
     assert "stage1=" not in result.stdout
+
+
+def test_the_reuse_index_may_be_named_by_its_simple_url_or_its_upload_url() -> None:
+    """One URL serves a CI's publish and its reuse: rocwheels serve's upload URL reads at its simple/ page."""
+    assert simple_root("http://index:8080/") == simple_root("http://index:8080") == "http://index:8080/simple/"
+    assert simple_root("http://index:8080/simple") == "http://index:8080/simple/"
+    assert simple_root("https://host/simple/rocm7_2/") == "https://host/simple/rocm7_2/"  # a static index
+    assert simple_root("https://devpi/team/prod/+simple/") == "https://devpi/team/prod/+simple/"
