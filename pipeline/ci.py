@@ -33,6 +33,7 @@ from pipeline.config.toolchain import python_tag
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.publish.index import page_links
+from pipeline.publish.upload import resolve_repository
 from pipeline.util.files import file_sha256
 from pipeline.util.log import RecipeLogger, recipe_logger
 from pipeline.util.net import DEFAULT_TIMEOUT, TIMEOUT_ENV
@@ -46,8 +47,16 @@ log = logging.getLogger("rocwheels")
 # The stage jobs .github/workflows/wheels.yml declares (GitHub Actions cannot add jobs at run
 # time); the GitLab child pipeline has as many stages as the plan needs.
 GITHUB_STAGES = 4
-# Runner tags of the generated GitLab jobs (the GitHub template names its labels itself).
-BUILD_TAGS = ("rocm",)
+# Runner tags of the generated GitLab jobs, as the labels of the GitHub template's jobs: any Linux
+# x86_64 runner for publishing, one with the tag `rocm` for builds.
+RUNNER_TAGS = ("linux", "x64")
+BUILD_TAGS = (*RUNNER_TAGS, "rocm")
+# Every generated job names its image: the variable .gitlab-ci.yml sets (a shell runner ignores it).
+JOB_IMAGE = "$ROCWHEELS_CI_IMAGE"
+# Publishing reads and uploads files: minutes however large the wheels.
+PUBLISH_TIMEOUT_MINUTES = 30
+# The wheels' timestamps: the commit's, unless the CI sets SOURCE_DATE_EPOCH itself.
+COMMIT_TIME = 'SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}"'
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class Job:
     arch: str  # the GPU targets this recipe builds for: the requested ones its recipe supports
     stage: int  # 1 for recipes depending on nothing
     needs: tuple[str, ...]  # every recipe (direct or not) whose wheels the build installs
+    timeout_minutes: int  # the recipe's [build] timeout_minutes
 
     @property
     def name(self) -> str:
@@ -102,6 +112,7 @@ def ci_matrix(document: Mapping[str, Any]) -> Matrix:
             ";".join(step["targets"]),
             stage[step["name"]],
             needs[step["name"]],
+            step["timeout_minutes"],
         )
         for step in document["steps"]
         for python in document["python"]
@@ -128,6 +139,7 @@ def matrix_document(matrix: Matrix) -> dict[str, Any]:
                     "recipe": job.recipe,
                     "python": job.python,
                     "arch": job.arch,
+                    "timeout_minutes": job.timeout_minutes,
                     "needs": list(job.needs),
                     "artifacts": list(job.artifacts),
                 }
@@ -158,6 +170,7 @@ def github_outputs(matrix: Matrix) -> str:
                 "arch": j.arch,
                 "distribution": j.distribution,
                 "wheel_version": j.wheel_version,
+                "timeout_minutes": j.timeout_minutes,
             }
             for j in jobs
         ]
@@ -169,10 +182,11 @@ def gitlab_pipeline(matrix: Matrix, *, arch: str, recipes: str | None) -> dict[s
     """``--format gitlab``: the child pipeline the parent ``.gitlab-ci.yml`` triggers.
 
     JSON is YAML, so the document is written as JSON. Each job needs (with artifacts) the jobs of
-    its Python's recipes it builds on; ``publish`` runs on tags and needs every build job.
+    its Python's recipes it builds on; ``publish`` runs on tags and needs every build job. Every
+    job names its image, runner tags and time limit.
     """
     stage_names = [f"stage{number}" for number in range(1, len(matrix.stages) + 1)]
-    # What the parent's matrix job was given decides the children's builds too.
+    # What the parent's preflight job was given decides the children's builds too.
     settings = {"ARCH": arch, "ROCM": matrix.line, "DRIVER": matrix.driver}
     if recipes:
         settings["RECIPES"] = recipes
@@ -181,14 +195,26 @@ def gitlab_pipeline(matrix: Matrix, *, arch: str, recipes: str | None) -> dict[s
     for job in matrix.jobs:
         pipeline[job.name] = {
             "stage": f"stage{job.stage}",
+            "image": JOB_IMAGE,
             "tags": list(BUILD_TAGS),
+            "timeout": f"{job.timeout_minutes} minutes",
             "needs": [{"job": names[(need, job.python)], "artifacts": True} for need in job.needs],
-            # A ROCWHEELS_REUSE_INDEX variable makes the build take exact builds from that index.
-            "script": [f"make wheels RECIPES={job.recipe} PYTHON_VERSION={job.python} ARCH='{job.arch}'"],
+            # The line and driver the matrix was made for, whatever the trigger forwards (the
+            # parent's own variables outrank the child's). Exact builds come from the team's index
+            # (ROCWHEELS_REUSE_INDEX, else the one publish uploads to), so a rerun of a commit
+            # builds and publishes nothing new.
+            "script": [
+                f"make wheels RECIPES={job.recipe} PYTHON_VERSION={job.python} ARCH='{job.arch}'"
+                f" ROCM={matrix.line} DRIVER={matrix.driver} {COMMIT_TIME}"
+                ' FROM_INDEX="${ROCWHEELS_REUSE_INDEX:-$ROCWHEELS_INDEX_URL}"'
+            ],
             "artifacts": {"when": "always", "paths": list(job.artifacts)},
         }
     pipeline["publish"] = {
         "stage": "publish",
+        "image": JOB_IMAGE,
+        "tags": list(RUNNER_TAGS),
+        "timeout": f"{PUBLISH_TIMEOUT_MINUTES} minutes",
         "rules": [{"if": "$CI_COMMIT_TAG"}],
         "needs": [{"job": job.name, "artifacts": True} for job in matrix.jobs],
         # ROCWHEELS_INDEX_URL, TWINE_USERNAME and TWINE_PASSWORD: masked CI/CD variables.
@@ -238,14 +264,16 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str, *, timeout: flo
     """Put into the wheelhouse each wheel of the plan the index holds with the very same fingerprint.
 
     ``index_url`` is a PEP 503 simple root whose file links have the provenance record beside them
-    (``<wheel URL>.provenance.json``), as the static index of ``rocwheels index build`` has. Anyone
+    (``<wheel URL>.provenance.json``), as the static index of ``rocwheels index build`` has, or
+    the upload URL of such an index (``rocwheels serve``: ``http://host:8080/``), read at the
+    simple page ``publish`` reads, so one URL serves the CI's reuse and its publish job. Anyone
     who can upload can write a record, so a wheel comes in only with a record signed by a key of
     the lock (``[signing] public_keys``) that names this build's fingerprint and the file's sha256,
     and only if the downloaded file then passes its RECORD check and verify (without the smoke
     test); the recipe's build then finds it up to date. Anything less is built here instead.
     Returns, per recipe, how many wheels came in.
     """
-    root = index_url.rstrip("/") + "/"
+    root = simple_root(index_url)
     trusted = trusted_keys(layout.recipes_dir) or ()
     if not trusted:
         log.warning(
@@ -278,6 +306,14 @@ def fetch_from_index(plan: Plan, layout: Layout, index_url: str, *, timeout: flo
             logger.info("%d wheel(s) of this exact build taken from %s", count, root)
         fetched[step.name] = count
     return fetched
+
+
+def simple_root(index_url: str) -> str:
+    """``index_url`` when it is a simple index (its path has a ``simple`` or ``+simple`` part), else
+    the simple index ``publish`` derives from an upload URL."""
+    if {"simple", "+simple"} & set(urllib.parse.urlsplit(index_url).path.split("/")):
+        return index_url.rstrip("/") + "/"
+    return resolve_repository(index_url).simple_url
 
 
 def _wanted(filename: str, dist_name: str, version: str, pythons: set[str]) -> bool:

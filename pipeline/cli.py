@@ -252,7 +252,7 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
     "--from-index",
     default=None,
     envvar="ROCWHEELS_REUSE_INDEX",
-    help="PEP 503 simple URL holding wheels with signed provenance records: take the exact builds from there",
+    help="PEP 503 simple URL holding wheels with signed provenance records, or the upload URL of a rocwheels serve index: take the exact builds from there",
 )
 @timeout_option
 @click.pass_obj

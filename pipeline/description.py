@@ -61,6 +61,7 @@ class BuildDescription:
     constraints: Path | None
     repair: RepairSettings
     expect: Expectations  # what verify checks, the smoke test's environment and requirements included
+    timeout_minutes: int  # a CI job's time limit for building, repairing and verifying one Python's wheel
     # The PEP 825 variant the wheels are published as (label, amd :: gfx_arch values); None for a
     # wheel without GPU code or whose targets are not known.
     variant: WheelVariant | None = None
@@ -113,6 +114,7 @@ class BuildDescription:
                 if self.variant
                 else None
             ),
+            "timeout_minutes": self.timeout_minutes,
             "repair": self.repair.document(),
             "verify": {
                 "targets": list(expect.targets) if expect.targets is not None else None,
@@ -265,6 +267,7 @@ def resolve(
         constraints=constraints,
         repair=repair,
         expect=expect,
+        timeout_minutes=recipe.build.timeout_minutes,
     )
 
 

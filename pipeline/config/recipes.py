@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, StrictBool, field_validator, model_validator
+from pydantic import AfterValidator, PositiveInt, StrictBool, field_validator, model_validator
 
 from pipeline.config.models import Model, inside_path, plain_name, read_toml, validate
 from pipeline.config.targets import known_processor_list
@@ -117,6 +117,8 @@ class Build(Model):
     isolation: StrictBool = True
     requires: tuple[str, ...] = ()
     wheels: tuple[BuildWheel, ...] = ()  # installed (hash-checked, without dependencies) before the build
+    # A CI job's time limit for one Python's wheel (GitLab stops a job at 60 minutes unless told).
+    timeout_minutes: PositiveInt = 60
 
     @model_validator(mode="after")
     def _wheels_need_the_outer_environment(self) -> Build:
