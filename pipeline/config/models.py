@@ -31,16 +31,6 @@ def plain_name(value: str, what: str) -> str:
     return value
 
 
-def inside_path(value: str, what: str) -> str:
-    """``value`` if it is a relative path of plain names (``python`` or ``python/src``; ``.`` alone
-    for "this folder"): never absolute, never ``..``, so it stays inside the folder it is joined to."""
-    if value != "." and not all(_PLAIN_NAME.fullmatch(part) and ".." not in part for part in value.split("/")):
-        raise ValueError(
-            f"{what} {value!r} must be a relative path of plain names inside its folder (no '..', not absolute, no '\\')"
-        )
-    return value
-
-
 class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

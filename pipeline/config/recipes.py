@@ -12,7 +12,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import AfterValidator, PositiveInt, StrictBool, field_validator, model_validator
 
-from pipeline.config.models import Model, inside_path, plain_name, read_toml, validate
+from pipeline.config.models import Model, plain_name, read_toml, validate
 from pipeline.config.targets import known_processor_list
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.repair.policy import LinkPackage
@@ -75,7 +75,7 @@ class Source(Model):
         if self.path and self.path != ".":
             plain_name(self.path, "path: a folder next to the recipe files:")
         if self.subdir:
-            inside_path(self.subdir, "subdir:")
+            plain_name(self.subdir, "subdir: a folder of the source:")
         return self
 
 
