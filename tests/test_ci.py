@@ -44,6 +44,7 @@ from pipeline.verify.provenance import Provenance, record_path
 from pipeline.verify.signing import KEY_ENV, new_key
 from tests.helpers import REPO
 from tests.helpers.signing import trust_keys
+from tests.helpers.wheels import the_build
 
 RECIPES = REPO / "recipes"
 LINES = tuple(load_lock(RECIPES).lock.lines)
@@ -392,7 +393,7 @@ def test_exact_builds_come_from_the_index_and_no_other(
     nothing; for other GPU targets (another fingerprint) nothing is taken; a record on the index
     that is unsigned, signed by a key the lock does not list, or forged is not believed (built here
     instead); a wheel changed on the index after it was published is refused."""
-    (wheel,) = first_runner.wheelhouse.glob("*.whl")
+    wheel = the_build(first_runner.wheelhouse.glob("*.whl"))
     recipes = first_runner.recipes_dir
     with serving(kind, first_runner, tmp_path, host_line[1].local_version, static_server, monkeypatch) as (
         index_url,

@@ -29,6 +29,7 @@ from tests.helpers.torch_line import (
     published,
     torch_wheel_dir,
 )
+from tests.helpers.wheels import the_build
 
 SHIPPED = Path(__file__).parents[1] / "recipes"
 BACKEND = {"FLASH_ATTENTION_TRITON_AMD_ENABLE": "TRUE"}
@@ -47,7 +48,7 @@ def test_the_test_recipe_builds_the_shipped_source_with_the_shipped_settings():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory):
     layout, outcome = build_line_recipe(tmp_path_factory.mktemp("flash-attention"), "flash-attention")
-    [wheel] = outcome.wheels
+    wheel = the_build(outcome.wheels)
     return layout, wheel
 
 

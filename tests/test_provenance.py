@@ -18,6 +18,7 @@ from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
 from tests.helpers.recipes import canary_plan, recipe_toml
+from tests.helpers.wheels import the_build
 
 LOCK = """default_line = "l"
 [lines.l]
@@ -115,7 +116,7 @@ def test_a_new_arch_rebuilds_instead_of_calling_the_old_wheel_up_to_date(tmp_pat
     assert again.status == "up to date"
     (rebuilt,) = make_wheels(canary_plan(layout, host_line, (second,)), layout)
     assert rebuilt.status == "built", rebuilt.detail
-    (wheel,) = layout.wheelhouse.glob("*.whl")
+    wheel = the_build(layout.wheelhouse.glob("*.whl"))
     (extension,) = analyze_wheel(wheel).members
     assert set(extension.gpu_targets) == {second}
     record = json.loads(record_path(wheel).read_text())
@@ -127,7 +128,7 @@ def test_a_new_arch_rebuilds_instead_of_calling_the_old_wheel_up_to_date(tmp_pat
 def test_a_changed_wheel_fails_its_record(tmp_path, host_line, canary_targets):
     layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
     (built,) = make_wheels(canary_plan(layout, host_line, canary_targets[:1]), layout)
-    (wheel,) = built.wheels
+    wheel = the_build(built.wheels)
     copy = tmp_path / "copy" / wheel.name
     copy.parent.mkdir()
     shutil.copy(wheel, copy)

@@ -32,6 +32,7 @@ from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
 from tests.helpers.rocm_standin import VERSION, build_standin_wheels, hip_runtime_soname
+from tests.helpers.wheels import the_build
 
 LINE = "standin10.0"
 REQUIRES = f"rocm[libraries]=={VERSION}"
@@ -154,7 +155,7 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(
     # build (against the packages, through rocm-sdk path) -> repair -> verify (installs and loads) -> wheelhouse
     (outcome,) = make_wheels(plan, layout)
     assert outcome.status == "built", outcome.detail
-    (wheel,) = outcome.wheels
+    wheel = the_build(outcome.wheels)
     log = layout.log_file("rocm-canary").read_text()
     # The build venv got the ROCm packages, its PATH their bin folder (where the only hipcc wrapper
     # linking the core package's HIP runtime lives), and verify's fresh venv loaded that runtime.
@@ -302,7 +303,7 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
     log = layout.log_file("rocm-canary").read_text()
     assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
     assert "rocwheels repair" in log and "--rocm-provider wheels" in log
-    (wheel,) = outcome.wheels
+    wheel = the_build(outcome.wheels)
 
     add_htpasswd_user(tmp_path / "htpasswd", "team", "secret")
     with running_pypiserver(tmp_path / "team", tmp_path / "htpasswd", log_file=tmp_path / "team.log") as team:

@@ -34,6 +34,7 @@ from tests.helpers.torch_line import (
     simple_index,
     torch_wheel_dir,
 )
+from tests.helpers.wheels import the_build
 
 # Every test uses the line's build, which downloads its build requirements from PyPI.
 pytestmark = [needs_torch_wheel, pytest.mark.network]
@@ -42,7 +43,7 @@ pytestmark = [needs_torch_wheel, pytest.mark.network]
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory):
     layout, outcome = build_line_recipe(tmp_path_factory.mktemp("torch-ext"), "torch-ext")
-    [wheel] = outcome.wheels
+    wheel = the_build(outcome.wheels)
     return layout, wheel
 
 

@@ -9,7 +9,7 @@ import platform
 import stat
 import sys
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # One fixed timestamp for every archive member: the same content always gives the same sha256.
@@ -96,3 +96,17 @@ def write_raw_zip(path: Path, members: Mapping[str, bytes]) -> Path:
         for name, data in members.items():
             archive.writestr(name, data)
     return path
+
+
+def the_build(wheels: Iterable[Path]) -> Path:
+    """The one build among ``wheels``: its plain wheel when the line publishes one (every target of
+    the line), else its variant wheel; fails when the files are of more than one build."""
+    from pipeline.wheel.archive import split_variant
+
+    files = sorted(wheels)
+    builds = {split_variant(path.name)[0] for path in files}
+    assert len(builds) == 1, f"expected the files of one build, got {[p.name for p in files]}"
+    plain = [path for path in files if split_variant(path.name)[1] is None]
+    variants = [path for path in files if split_variant(path.name)[1] is not None]
+    assert len(plain) <= 1 and len(variants) <= 1, [p.name for p in files]
+    return (plain or variants)[0]
