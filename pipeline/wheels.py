@@ -122,13 +122,15 @@ def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driv
     for wheel in repaired:
         logger.info("verifying %s", wheel.name)
         report = verify_wheel(wheel, expect, log_file=log_file, scratch=layout.work_dir)
-        if step.variant is not None:
+        # A wheel without GPU code objects is the same for every target set: it is its plain wheel only.
+        variant = step.variant if report.gpu_targets else None
+        if variant is not None:
             # The variant is the verified bytes plus variant.json: only that file is checked again.
-            variant_wheel = make_variant(wheel, staging / "variants", step.variant)
+            variant_wheel = make_variant(wheel, staging / "variants", variant)
             findings = variant_findings(variant_wheel, report.gpu_targets)
             report = replace(report, findings=(*report.findings, *findings))
             published.append(variant_wheel)
-        if step.variant is None or step.variant.plain:
+        if variant is None or variant.plain:
             published.append(wheel)
         for line in format_report(report).splitlines():
             logger.info("%s", line)

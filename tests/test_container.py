@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 from cibuildwheel.options import CommandLineArguments, compute_options
-from packaging.utils import parse_wheel_filename
 
 from pipeline.build.container import (
     CCACHE_HIPCC,
@@ -43,6 +42,7 @@ from pipeline.plan import make_plan
 from pipeline.repair.repair import RepairSettings
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import Kind, analyze_wheel
+from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
 from tests.helpers.recipes import DEBIAN13_TARGETS as ARCH
@@ -276,7 +276,7 @@ def test_the_canary_builds_in_the_builder_image(
 
     wheel = the_build(outcome.wheels)
     assert wheel is not None and wheel.parent == layout.wheelhouse
-    _, version, _, tags = parse_wheel_filename(wheel.name)
+    _, version, _, tags = parse_wheel_name(wheel.name)
     assert str(version) == "0.1.0+rocm5.7"
     assert {tag.interpreter for tag in tags} == {"cp313"}
     assert all(re.fullmatch(r"manylinux_\d+_\d+_x86_64", tag.platform) for tag in tags), wheel.name
@@ -307,7 +307,7 @@ def test_the_canary_builds_with_compressed_bundles_on_debian_sid(
     assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
 
     wheel = the_build(outcome.wheels)
-    _, version, _, tags = parse_wheel_filename(wheel.name)
+    _, version, _, tags = parse_wheel_name(wheel.name)
     assert str(version) == "0.1.0+rocm6.4" and {tag.interpreter for tag in tags} == {"cp314"}
     (extension,) = [m for m in analyze_wheel(wheel).members if m.gpu_targets]
     assert sorted(extension.gpu_targets) == sorted(SID_ARCH)

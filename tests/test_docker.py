@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from packaging.utils import parse_wheel_filename
 
 from pipeline.build.container import builder_image, container_driver
 from pipeline.build.engine import Engine, _has_buildkit, detect_engine
@@ -31,6 +30,7 @@ from pipeline.doctor import engine_check, image_test
 from pipeline.plan import Plan, make_plan
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import analyze_wheel
+from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
 from tests.helpers.redis_server import running_redis
@@ -171,7 +171,7 @@ def test_the_canary_builds_in_the_builder_image_with_docker(
     assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
     assert "(docker)" in log.splitlines()[0]
     wheel = the_build(outcome.wheels)
-    assert {tag.interpreter for tag in parse_wheel_filename(wheel.name)[3]} == {"cp313"}
+    assert {tag.interpreter for tag in parse_wheel_name(wheel.name)[3]} == {"cp313"}
     (extension,) = [m for m in analyze_wheel(wheel).members if m.gpu_targets]
     assert sorted(extension.gpu_targets) == sorted(ARCH)
 

@@ -302,7 +302,8 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
     (outcome,) = make_wheels(plan, layout, container_driver(plan, layout, engine=podman_engine))
     log = layout.log_file("rocm-canary").read_text()
     assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
-    assert "rocwheels repair" in log and "--rocm-provider wheels" in log
+    # The repair in the image took the description's settings: ROCm from the packages, no ROCm folder.
+    assert "rocwheels repair" in log and "--settings" in log and plan.steps[0].repair.rocm_lib_dir is None
     wheel = the_build(outcome.wheels)
 
     add_htpasswd_user(tmp_path / "htpasswd", "team", "secret")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import subprocess
 import sys
@@ -95,13 +97,16 @@ def test_grafted_rocm_library_and_double_load(repaired: Repaired, expect, tmp_pa
 
 
 def _rerecord(wheel: Path, tmp_path: Path) -> Path:
-    """The wheel with RECORD listing what was appended to it."""
+    """The wheel with RECORD listing what was appended to it, with the sha256 each file has."""
     fixed = tmp_path / "fixed" / wheel.name
     with zipfile.ZipFile(wheel) as archive:
         record = next(n for n in archive.namelist() if n.endswith("/RECORD"))
         names = [n for n in archive.namelist() if not n.endswith("/")]
-        text = archive.read(record).decode() + "".join(
-            f"{n},,\n" for n in names if n not in archive.read(record).decode()
+        listed = archive.read(record).decode()
+        text = listed + "".join(
+            f"{n},sha256={_urlsafe_sha256(archive.read(n))},{archive.getinfo(n).file_size}\n"
+            for n in names
+            if n not in listed
         )
     staged = tmp_path / "staged"
     with zipfile.ZipFile(wheel) as archive:
@@ -175,3 +180,8 @@ def test_not_a_wheel_name(tmp_path):
     result = rocwheels("verify", odd)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert "not a wheel file name" in result.stderr
+
+
+def _urlsafe_sha256(data: bytes) -> str:
+    """A RECORD hash: urlsafe base64 of the sha256, without padding (PEP 376 / the wheel spec)."""
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
