@@ -75,10 +75,6 @@ class BuildDescription:
         """A `wheels` line's ROCm (TheRock pip packages), installed into the build environment first."""
         return self.line.rocm_wheels
 
-    @property
-    def local_label(self) -> str:
-        return self.wheel_version.split("+", 1)[1]
-
     def wheel_filename(self, python: str) -> str:
         """The file name the wheel for ``python`` (X.Y) must get; ``*`` where auditwheel picks the platform."""
         tag = python_tag(python)
@@ -166,7 +162,7 @@ def for_targets(recipe: Recipe, targets: tuple[GpuTarget, ...], recipes_dir: Pat
     if fallback is None or all(t.processor in recipe.targets.supported for t in targets):
         check_supported(targets, recipe.targets.supported, what=where)
         return recipe
-    check_supported(targets, (*recipe.targets.supported, *fallback.supported), what=where + " or its targets.fallback")
+    check_supported(targets, recipe.targets.buildable, what=where + " or its targets.fallback")
     log.info(
         "%s: %s need targets.fallback (%s)",
         recipe.name,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pipeline.build.engine import Engine, _last_line, detect_engine
 from pipeline.build.host import host_rocm_version
-from pipeline.config.lock import Line
+from pipeline.config.lock import Line, same_release
 from pipeline.config.rocm_wheels import torch_provider
 from pipeline.config.targets import parse_targets
 from pipeline.errors import RocwheelsError
@@ -173,7 +173,7 @@ def host_rocm_check(line: Line | None, line_name: str | None) -> Check:
         return Check(name, True, f"ROCm {host}")
     wanted = ".".join(line.rocm.split(".")[:2])
     label = f"line {line_name} " if line_name else "the lock line "
-    if host != wanted:
+    if not same_release(line.rocm, host):
         return Check(
             name,
             False,

@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packaging.version import Version
-
 from pipeline.build.host import host_rocm_version
 from pipeline.config import lock as lockmod
 from pipeline.config.build_constraints import check_constraints
@@ -129,9 +127,7 @@ def _supported_targets(
     missing = [dep for dep in recipe.depends_on if dep not in planned]
     if missing:
         return (), f"{recipe.name}: left out, it needs {', '.join(missing)}"
-    at_version = at_line(recipe, line_name, line, recipes_dir)
-    fallback = at_version.targets.fallback
-    supported = {*at_version.targets.supported, *(fallback.supported if fallback else ())}
+    supported = at_line(recipe, line_name, line, recipes_dir).targets.buildable
     kept = tuple(t for t in targets if t.processor in supported)
     dropped = [str(t) for t in targets if t.processor not in supported]
     if not dropped:
@@ -227,7 +223,7 @@ def select_plan(
     if python is not None:
         line = _for_python(python, line_name, line, driver, layout.recipes_dir)
     if building and driver == "local" and rocm and not line.rocm_wheels:
-        _check_host_toolchain(line_name, line, lock_file.lock.lines)
+        _check_host_toolchain(line_name, line, lock_file)
     for warning in lockmod.check_lock(lock_file, all_recipes, warn_for=line_name):
         log.warning("warning: %s", warning)
     constraints = check_constraints(all_recipes, lock_file, line_name)
@@ -247,7 +243,7 @@ def select_plan(
     )
 
 
-def _check_host_toolchain(line_name: str, line: Line, lines: dict[str, Line]) -> None:
+def _check_host_toolchain(line_name: str, line: Line, lock_file: lockmod.LockFile) -> None:
     """A local build compiles with this host's ROCm: refuse a line of another release before anything runs
     (a `wheels` line brings its ROCm as pip packages, so any host will do)."""
     host = host_rocm_version()
@@ -257,8 +253,8 @@ def _check_host_toolchain(line_name: str, line: Line, lines: dict[str, Line]) ->
             "(no /opt/rocm/.info/version, no hipcc)",
             fix=f"build in the builder image (DRIVER=container ROCM={line_name}), or install ROCm {line.rocm} here",
         )
-    if Version(host).release[:2] != Version(line.rocm).release[:2]:
-        own = [name for name, other in lines.items() if Version(other.rocm).release[:2] == Version(host).release[:2]]
+    if not lockmod.same_release(line.rocm, host):
+        own = lockmod.line_for_release(lock_file, host)
         raise InputError(
             f"ROCm line {line_name} is ROCm {line.rocm}, this host's toolchain is ROCm {host}: a local build would "
             "compile with the wrong release (its hipcc may reject the line's GPU targets)",

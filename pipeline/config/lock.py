@@ -436,15 +436,24 @@ def _check_rules(path: Path, where: str, line: Line, rules: tuple[Rule, ...]) ->
     return applied
 
 
+def same_release(rocm: str, other: str) -> bool:
+    """Two ROCm versions of one release (major.minor): a line's 7.2.1 and a host's 7.2."""
+    return Version(rocm).release[:2] == Version(other).release[:2]
+
+
+def line_for_release(lock_file: LockFile, rocm: str) -> tuple[str, Line] | None:
+    """The first line of ``rocm``'s release, if the lock has one."""
+    return next(((name, line) for name, line in lock_file.lock.lines.items() if same_release(line.rocm, rocm)), None)
+
+
 def select_line(lock_file: LockFile, name: str | None, host_rocm: str | None = None) -> tuple[str, Line]:
     """The line to build for: ``name``, else the one matching the host's ROCm, else the default."""
     if name:
         return name, lock_file.line(name)
     if host_rocm is not None:
-        host = Version(host_rocm).release[:2]
-        for line_name, line in lock_file.lock.lines.items():
-            if Version(line.rocm).release[:2] == host:
-                return line_name, line
+        found = line_for_release(lock_file, host_rocm)
+        if found is not None:
+            return found
         raise RocwheelsError(
             f"no line in {lock_file.path} is for this host's ROCm {host_rocm}",
             fix=f'add a line with rocm = "{host_rocm}", or build in the container (DRIVER=container ROCM=<line>); lines: '

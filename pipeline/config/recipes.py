@@ -147,6 +147,11 @@ class Targets(Model):
     supported: Annotated[tuple[str, ...], AfterValidator(known_processor_list)]
     fallback: Fallback | None = None
 
+    @property
+    def buildable(self) -> tuple[str, ...]:
+        """Every processor the recipe builds for: its own, then its fallback's."""
+        return (*self.supported, *(self.fallback.supported if self.fallback else ()))
+
 
 class Repair(Model):
     """Recipe-specific repair policy on top of rocwheels' ROCm exclusion list."""
