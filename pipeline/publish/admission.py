@@ -68,7 +68,7 @@ def admit_wheels(wheelhouse: Path, project: Layout | None) -> Admission:
         try:
             wheel = wheel_file(path)
             expect = wheel_expectations(project, path) if project else unknown_wheel(None)[1]
-            report = verify_wheel(path, expect, smoke=False, trusted_keys=trusted)
+            report = verify_wheel(path, expect, smoke=False, trusted_keys=trusted, sha256=wheel.sha256)
         except InputError:
             raise  # the project itself (recipes, lock) is wrong: no wheel can be judged
         except RocwheelsError as exc:

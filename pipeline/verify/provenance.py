@@ -152,8 +152,9 @@ def is_current(wheel: Path, fingerprint: str) -> bool:
     return record.fingerprint == fingerprint and record.wheel == wheel.name and record.size == wheel.stat().st_size
 
 
-def check_record(wheel: Path) -> tuple[bool, str]:
-    """(ok, message) for the record beside ``wheel``; a wheel without one is ok but said so."""
+def check_record(wheel: Path, sha256: str | None = None) -> tuple[bool, str]:
+    """(ok, message) for the record beside ``wheel``; a wheel without one is ok but said so.
+    ``sha256``: the wheel's, when the caller has it already."""
     path = record_path(wheel)
     if not path.is_file():
         return (
@@ -166,7 +167,7 @@ def check_record(wheel: Path) -> tuple[bool, str]:
         return False, str(exc)
     if record.wheel != wheel.name:
         return False, f"{path.name} describes {record.wheel}, not this wheel"
-    actual = file_sha256(wheel)
+    actual = sha256 or file_sha256(wheel)
     if actual != record.sha256:
         return False, (
             f"sha256 {actual} differs from the provenance record's {record.sha256}: the wheel changed after it was "

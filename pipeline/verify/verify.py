@@ -101,8 +101,10 @@ def verify_wheel(
     log_file: Path | None = None,
     scratch: Path | None = None,
     trusted_keys: tuple[str, ...] | None = None,
+    sha256: str | None = None,
 ) -> Report:
-    """``trusted_keys``: the lock's signing keys, for the record beside the wheel (None: outside a project)."""
+    """``trusted_keys``: the lock's signing keys, for the record beside the wheel (None: outside a project);
+    ``sha256``: the wheel's, where the caller has just hashed it (multi-GB wheels are not read twice)."""
     analysis = analyze_wheel(wheel, expect.layout)
     findings = [
         *_rocm_inside(analysis),
@@ -113,7 +115,7 @@ def verify_wheel(
         *_platform_allowed(analysis),
         *_pinned_requirements(analysis, expect.pins),
         *variant_findings(wheel, _code_targets(analysis)),
-        *_provenance(wheel, trusted_keys),
+        *_provenance(wheel, trusted_keys, sha256),
     ]
     if smoke and expect.smoke is not None:
         if any(f.level == ERROR for f in findings):
@@ -176,10 +178,10 @@ def _rocm_packages_check(analysis: WheelAnalysis, smoke: Smoke) -> tuple[str, ..
     return (loaded_from_packages_check(sonames, smoke.imports),) if sonames else ()
 
 
-def _provenance(wheel: Path, trusted_keys: tuple[str, ...] | None) -> list[Finding]:
+def _provenance(wheel: Path, trusted_keys: tuple[str, ...] | None, sha256: str | None) -> list[Finding]:
     """A wheel with a provenance record beside it must still be the file that record describes,
     and the record what a trusted key signed."""
-    ok, message = check_record(wheel)
+    ok, message = check_record(wheel, sha256)
     findings = [Finding("ok" if ok else ERROR, "provenance", message)]
     signature = check_record_signature(wheel, trusted_keys)
     if signature is not None:
