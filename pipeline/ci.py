@@ -374,7 +374,7 @@ def _fetch_one(url: str, target: Path, reuse: Reuse, logger: RecipeLogger) -> bo
                 fix="the file on the index changed after it was built and signed: rebuild and publish it again",
             )
         try:
-            report = verify_wheel(wheel_file, reuse.expect, smoke=False, trusted_keys=reuse.trusted)
+            report = verify_wheel(wheel_file, reuse.expect, smoke=False, trusted_keys=reuse.trusted, sha256=actual)
             failures = "; ".join(f"{f.check}: {f.message}" for f in report.errors())
         except RocwheelsError as exc:  # a damaged archive or RECORD
             failures = exc.message
