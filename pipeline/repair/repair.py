@@ -32,9 +32,9 @@ import time
 import zipfile
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pipeline.config.layout import cache_dir
 
@@ -135,42 +135,23 @@ class RepairSettings:
 
     def document(self) -> dict[str, object]:
         """The settings as JSON data: how a build description hands them to a repair in the container."""
-        return {
-            "excludes": list(self.excludes),
-            "rocm_lib_dir": self.rocm_lib_dir,
-            "link_packages": list(self.link_packages),
-            "extra_rpath": list(self.extra_rpath),
-            "plat": self.plat,
-            "requires_pins": list(self.requires_pins),
-            "source_date_epoch": self.source_date_epoch,
-        }
+        # Every field a caller sets (``links`` is derived from ``link_packages``), tuples as JSON lists.
+        given = {field.name: getattr(self, field.name) for field in fields(self) if field.init}
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in given.items()}
 
     @classmethod
     def from_document(cls, data: object, source: Path) -> RepairSettings:
         """Settings from :meth:`document`'s data, read from ``source`` (named in the error)."""
-        fields = {
-            "excludes",
-            "rocm_lib_dir",
-            "link_packages",
-            "extra_rpath",
-            "plat",
-            "requires_pins",
-            "source_date_epoch",
-        }
-        if not isinstance(data, dict) or set(data) != fields:
+        names = {field.name for field in fields(cls) if field.init}
+        if not isinstance(data, dict) or set(data) != names:
             raise RocwheelsError(
-                f"{source}: not repair settings (expected the keys {', '.join(sorted(fields))})",
+                f"{source}: not repair settings (expected the keys {', '.join(sorted(names))})",
                 fix="pass the build description rocwheels wrote (rocwheels plan --json shows one)",
             )
-        return cls(
-            excludes=tuple(data["excludes"]),
-            rocm_lib_dir=data["rocm_lib_dir"],
-            link_packages=tuple(data["link_packages"]),
-            extra_rpath=tuple(data["extra_rpath"]),
-            plat=data["plat"],
-            requires_pins=tuple(data["requires_pins"]),
-            source_date_epoch=data["source_date_epoch"],
-        )
+        given: dict[str, Any] = {
+            name: tuple(value) if isinstance(value, list) else value for name, value in data.items()
+        }
+        return cls(**given)
 
     @classmethod
     def read(cls, path: Path) -> RepairSettings:
