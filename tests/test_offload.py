@@ -143,27 +143,7 @@ def sid_compressed(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_p
         f"hipcc -fPIC -c --offload-compress {rest} second.hip -o b.o && "
         f"hipcc -shared --offload-compress {first} a.o b.o -o libtwo.so"
     )
-    run(
-        podman_engine.command(
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--env",
-            "HIP_PLATFORM=amd",
-            "--volume",
-            f"{work}:/work",
-            "--workdir",
-            "/work",
-            sid_base,
-            "bash",
-            "-euo",
-            "pipefail",
-            "-c",
-            script,
-        ),
-        env=podman_engine.env,
-    )
+    compile_in(podman_engine, sid_base, work, script)
     return work / "libone.so", work / "libtwo.so"
 
 
@@ -391,27 +371,7 @@ def sid_generic(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path
     work = tmp_path_factory.mktemp("sid-generic")
     shutil.copy2(hip_kernel, work / "kernel.hip")
     script = f"hipcc -fPIC -shared {' '.join(offload_args(GENERIC_BUILD))} kernel.hip -o libgeneric.so"
-    run(
-        podman_engine.command(
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "--env",
-            "HIP_PLATFORM=amd",
-            "--volume",
-            f"{work}:/work",
-            "--workdir",
-            "/work",
-            sid_base,
-            "bash",
-            "-euo",
-            "pipefail",
-            "-c",
-            script,
-        ),
-        env=podman_engine.env,
-    )
+    compile_in(podman_engine, sid_base, work, script)
     return work / "libgeneric.so"
 
 
@@ -434,3 +394,28 @@ def test_generic_targets_and_target_ids_are_read_and_accepted(sid_generic, platf
     report = verify_wheel(wheel, Expectations(layout=layout, targets=("gfx1200", "gfx942", "gfx90a")), smoke=False)
     (missing,) = [f for f in report.findings if f.check == "gpu-targets" and f.level == ERROR]
     assert "no code objects for gfx1200" in missing.message
+
+
+def compile_in(engine: Engine, image: str, work: Path, script: str) -> None:
+    """Run the bash ``script`` in ``image`` (no network, HIP_PLATFORM=amd) with ``work`` as its folder."""
+    run(
+        engine.command(
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--env",
+            "HIP_PLATFORM=amd",
+            "--volume",
+            f"{work}:/work",
+            "--workdir",
+            "/work",
+            image,
+            "bash",
+            "-euo",
+            "pipefail",
+            "-c",
+            script,
+        ),
+        env=engine.env,
+    )
