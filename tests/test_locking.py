@@ -17,19 +17,7 @@ def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
     write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # The first run: a process holding the wheelhouse lock (as `rocwheels wheels` does while it builds).
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time\nfrom pathlib import Path\nfrom pipeline.util.runlock import wheelhouse_lock\n"
-            f"with wheelhouse_lock(Path({str(wheelhouse)!r})):\n    print('locked', flush=True)\n    sys.stdin.readline()\n",
-        ],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout.readline().strip() == "locked"
+    holder = holding_the_lock(wheelhouse, env)
     second = subprocess.Popen(
         [
             sys.executable,
@@ -93,20 +81,7 @@ def test_two_wheels_runs_with_one_work_folder_take_turns(tmp_path: Path) -> None
     escaping_tar_source(project)  # a recipe whose build stops early (at unpacking), after the lock
     work = tmp_path / "build"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(project.tmp)}
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys\nfrom pathlib import Path\nfrom pipeline.util.runlock import wheelhouse_lock\n"
-            f"with wheelhouse_lock(Path({str(work)!r}), what='work folder'):\n"
-            "    print('locked', flush=True)\n    sys.stdin.readline()\n",
-        ],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout.readline().strip() == "locked"
+    holder = holding_the_lock(work, env, what="work folder")
     second = subprocess.Popen(
         [
             sys.executable,
@@ -141,3 +116,22 @@ def test_two_wheels_runs_with_one_work_folder_take_turns(tmp_path: Path) -> None
     assert holder.wait(timeout=30) == 0
     _, err = second.communicate(timeout=120)
     assert "Traceback" not in err and "unsafe member" in err, err
+
+
+def holding_the_lock(folder: Path, env: dict[str, str], what: str = "wheelhouse") -> subprocess.Popen[str]:
+    """Another process holding rocwheels' lock on ``folder`` until its stdin is closed."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys\nfrom pathlib import Path\nfrom pipeline.util.runlock import wheelhouse_lock\n"
+            f"with wheelhouse_lock(Path({str(folder)!r}), what={what!r}):\n"
+            "    print('locked', flush=True)\n    sys.stdin.readline()\n",
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
