@@ -6,8 +6,6 @@ one rename. A failed recipe leaves nothing there, and the recipes that depend on
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -26,7 +24,6 @@ from pipeline.errors import CommandError, RocwheelsError
 from pipeline.plan import Plan
 from pipeline.repair.pins import pin_wheel
 from pipeline.repair.repair import repair_wheel
-from pipeline.util.files import atomic_write
 from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
@@ -34,6 +31,7 @@ from pipeline.verify.signing import signing_key
 from pipeline.verify.verify import format_report, variant_findings, verify_wheel
 from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheel.variant import make_variant
+from pipeline.wheel.zipwrite import move_file
 
 # A build driver turns one step into a raw wheel (local host, or the builder container).
 Driver = Callable[[BuildDescription, Layout, Callable[[str], None]], BuiltWheel]
@@ -176,18 +174,12 @@ def _toolchain(plan: Plan) -> dict[str, str]:
 
 
 def _accept(wheel: Path, wheelhouse: Path) -> Path:
-    """Move a verified wheel into the wheelhouse with one rename (copy next to it first if needed)."""
+    """Move a verified wheel into the wheelhouse with one rename (copied beside it from another file system)."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
     final = wheelhouse / wheel.name
     # The record of a wheel this one replaces must not outlive it (make_wheels writes the new one).
     record_path(final).unlink(missing_ok=True)
-    try:
-        os.replace(wheel, final)
-    except OSError:  # another file system: copy beside the target, then rename
-        with wheel.open("rb") as data, atomic_write(final) as copy:
-            shutil.copyfileobj(data, copy)
-        wheel.unlink()
-    return final
+    return move_file(wheel, final)
 
 
 def summary_table(outcomes: list[Outcome], console: Console | None = None) -> None:

@@ -21,7 +21,6 @@ Read top to bottom as the steps:
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import logging
 import os
@@ -50,6 +49,7 @@ from pipeline.wheel.zipwrite import (
     copy_file,
     extract_members,
     is_stamped,
+    move_file,
     piecewise_sha256,
     record_rows,
     write_stored,
@@ -350,7 +350,7 @@ def repair_wheel(
                     source_date_epoch=epoch,
                 )
             elif ahead_wheel:
-                final = _move(ahead_wheel, dest)
+                final = move_file(ahead_wheel, dest)
             else:
                 final = copy_file(source, dest)  # nothing to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
@@ -380,18 +380,6 @@ def repair_wheel(
         time.monotonic() - analysed,
     )
     return final
-
-
-def _move(wheel: Path, dest: Path) -> Path:
-    """``wheel``, written by this repair in its temporary folder, to ``dest``: renamed where they
-    share a file system (a wheel of 1 GB is not copied again), else copied."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return wheel.replace(dest)
-    except OSError as error:
-        if error.errno != errno.EXDEV:
-            raise
-    return copy_file(wheel, dest)
 
 
 def _patch_ahead(

@@ -15,6 +15,7 @@ import base64
 import contextlib
 import copy
 import csv
+import errno
 import hashlib
 import io
 import os
@@ -587,6 +588,20 @@ def _dos_time(info: zipfile.ZipInfo) -> tuple[int, int]:
 def _newest(archive: zipfile.ZipFile) -> tuple[int, int, int, int, int, int]:
     """Added members get the newest time stamp of the source (SOURCE_DATE_EPOCH builds stay reproducible)."""
     return max((info.date_time for info in archive.infolist()), default=(1980, 1, 1, 0, 0, 0))
+
+
+def move_file(source: Path, dest: Path) -> Path:
+    """``source`` to ``dest`` with one rename where they share a file system (a 1 GB wheel is not
+    copied again), else copied atomically beside ``dest`` and ``source`` removed."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return source.replace(dest)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    copy_file(source, dest)
+    source.unlink()
+    return dest
 
 
 @overload
