@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +49,3 @@ def test_the_venv_is_made_again_when_the_interpreter_changes(tmp_path: Path) -> 
     assert "was made by another Python" in switched.stdout
     assert not (venv / "made-by-the-first").exists()
     assert second in (venv / ".python-id").read_text()
-
-
-def test_make_is_available() -> None:
-    assert shutil.which("make"), "the Makefile is the README's entry point"
