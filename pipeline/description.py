@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from packaging.utils import InvalidWheelFilename
 
+from pipeline.build.jobs import BuildProfile, HostCapacity, decide_jobs
 from pipeline.config import lock as lockmod
 from pipeline.config.layout import Layout
 from pipeline.config.lock import Line, rocm_values
@@ -36,10 +36,6 @@ from pipeline.wheel.variant import WheelVariant, served_processors, variant_labe
 from pipeline.wheel.zipwrite import ZIP_EPOCH
 
 log = logging.getLogger("rocwheels")
-
-# Upstream figures agree on about 8 GB per compile job for torch and flash-attention's CK kernels
-# (docs: "What make wheels ARCH=gfx942 builds on a ROCm 7.2 build host").
-GB_PER_JOB = 8
 
 
 @dataclass(frozen=True)
@@ -65,6 +61,10 @@ class BuildDescription:
     # The PEP 825 variant the wheels are published as (label, amd :: gfx_arch values); None for a
     # wheel without GPU code or whose targets are not known.
     variant: WheelVariant | None = None
+    # {jobs} (MAX_JOBS): --jobs, else the line's build profile and the capacity where the build
+    # runs; the note says why fewer than the cores where memory decided.
+    jobs: int = 1
+    jobs_note: str = ""
 
     @property
     def name(self) -> str:
@@ -128,15 +128,6 @@ class BuildDescription:
         return path
 
 
-def default_jobs() -> int:
-    """Compile jobs when none are asked for: one per core, but no more than memory carries."""
-    return jobs_for(len(os.sched_getaffinity(0)), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def jobs_for(cores: int, memory_bytes: int) -> int:
-    return max(1, min(cores, memory_bytes // (GB_PER_JOB << 30)))
-
-
 def at_line(recipe: RecipeFile, line_name: str, line: Line, recipes_dir: Path) -> Recipe:
     """The recipe at the version line ``line_name`` pins."""
     version = line.versions.get(recipe.name)
@@ -194,11 +185,14 @@ def resolve(
     recipes_dir: Path,
     jobs: int | None = None,
     constraints: Path | None = None,
+    profile: BuildProfile | None = None,
+    capacity: HostCapacity | None = None,
 ) -> BuildDescription:
     """The one place a recipe, its lock line, the GPU targets and the Python versions become a description.
 
     ``targets`` None: not known (a wheel found on its own without a record); verify then reports
-    the wheel's targets without judging them.
+    the wheel's targets without judging them. ``jobs`` None: from the line's build ``profile``
+    and the ``capacity`` where the build runs (None: this host's, measured now).
     """
     recipe = at_line(recipes[name], line_name, line, recipes_dir)
     if targets is not None:
@@ -208,6 +202,7 @@ def resolve(
         (dep.dist_name, wheel_version(dep, line))
         for dep in (at_line(recipes[dep_name], line_name, line, recipes_dir) for dep_name in recipe.depends_on)
     )
+    decision = decide_jobs(name, jobs, profile, capacity or HostCapacity.measure())
     formatted_targets = format_targets(targets or (), separator=recipe.targets.separator, prefix=recipe.targets.prefix)
     values = {
         **rocm_values(line),
@@ -215,7 +210,7 @@ def resolve(
         "local_version": version.split("+", 1)[1],
         "rocm_path": line.rocm_path,
         "targets": formatted_targets,
-        "jobs": str(jobs or default_jobs()),
+        "jobs": str(decision.jobs),
     }
     epoch = ZIP_EPOCH if line.source_date_epoch is None else line.source_date_epoch
     env = {
@@ -264,6 +259,8 @@ def resolve(
         repair=repair,
         expect=expect,
         timeout_minutes=recipe.build.timeout_minutes,
+        jobs=decision.jobs,
+        jobs_note=decision.note,
     )
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.build.host import host_rocm_version
+from pipeline.build.jobs import BuildProfile, HostCapacity, container_capacity, read_profile
 from pipeline.config import lock as lockmod
 from pipeline.config.build_constraints import check_constraints
 from pipeline.config.layout import Layout
@@ -73,12 +74,15 @@ def make_plan(
     driver: str = "local",
     constraints: Path | None = None,
     narrow: bool = False,
+    profile: BuildProfile | None = None,
+    capacity: HostCapacity | None = None,
 ) -> Plan:
     """Order the recipes, check the targets against the line, resolve each recipe's description.
 
     ``narrow``: each recipe builds for the requested targets it supports (its fallback's included)
     and the plan notes the rest; a recipe supporting none of them is left out with its dependants.
-    Without it a target a recipe cannot build is an error.
+    Without it a target a recipe cannot build is an error. ``profile`` and ``capacity``: where
+    ``jobs`` is None, what decides each recipe's jobs (:func:`pipeline.build.jobs.decide_jobs`).
     """
     check_supported(
         targets,
@@ -87,6 +91,7 @@ def make_plan(
     )
     # The local driver builds with the Python running rocwheels, the container with the line's.
     python = line.python if driver == "container" else (running_python(),)
+    capacity = capacity or HostCapacity.measure()
     steps: list[BuildDescription] = []
     notes: list[str] = []
     for recipe in build_order(recipes, wanted):
@@ -110,6 +115,8 @@ def make_plan(
                 recipes_dir=recipes_dir,
                 jobs=jobs,
                 constraints=constraints,
+                profile=profile,
+                capacity=capacity,
             )
         )
     return Plan(line_name, line, targets, tuple(steps), driver, tuple(notes))
@@ -159,6 +166,8 @@ def describe(plan: Plan) -> str:
             )
         lines.append("   environment:")
         lines += [f"     {key}={value}" for key, value in step.env.items()]
+        if step.jobs_note:
+            lines.append(f"   compile jobs: {step.jobs_note}")
         if step.constraints:
             lines.append(f"   build environment: {step.constraints} (hash-checked)")
         if step.pre:
@@ -229,6 +238,7 @@ def select_plan(
     constraints = check_constraints(all_recipes, lock_file, line_name)
     wanted = _split(recipes) or list(line.versions)
     targets = targets or line.default_targets
+    host = HostCapacity.measure()
     return make_plan(
         all_recipes,
         wanted,
@@ -240,6 +250,8 @@ def select_plan(
         driver=driver,
         constraints=constraints,
         narrow=narrow,
+        profile=read_profile(layout.wheelhouse, line_name),
+        capacity=container_capacity(host) if driver == "container" else host,
     )
 
 

@@ -11,7 +11,6 @@ import pytest
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
-from pipeline.description import default_jobs, jobs_for
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.plan import build_order, describe, make_plan
 from tests.helpers.recipes import recipe_toml
@@ -192,9 +191,3 @@ def test_expected_plan_of_every_line(line_name):
     assert json.loads(result.stdout) == json.loads(expected.read_text()), (
         f"the plan of {line_name} changed: review it, then regenerate {expected}"
     )
-
-
-@pytest.mark.parametrize(("cores", "memory_gb", "jobs"), [(2, 24, 2), (64, 128, 16), (96, 1024, 96), (8, 4, 1)])
-def test_default_jobs_are_bounded_by_memory(cores: int, memory_gb: int, jobs: int) -> None:
-    assert jobs_for(cores, memory_gb << 30) == jobs
-    assert 1 <= default_jobs() <= len(os.sched_getaffinity(0))

@@ -44,6 +44,10 @@ SCCACHE_VARIABLES = (
     "SCCACHE_WEBDAV_USERNAME",
     "SCCACHE_WEBDAV_PASSWORD",
 )
+# ccache's settings for every build through it. hipcc is a wrapper around clang: ccache's default
+# compiler check (hipcc's own mtime and size) would reuse objects after clang changed under the same
+# hipcc; hipcc --version names both (ccache manual, "compiler_check": a command's output is hashed).
+CCACHE_SETTINGS = {"CCACHE_COMPILERCHECK": "%compiler% --version"}
 BACKENDS_FIX = f"set {SETTING} to redis://host:6379, s3://bucket/prefix or webdav+https://host/path (or unset it for the local ccache)"
 
 

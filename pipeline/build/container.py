@@ -36,9 +36,10 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from pipeline.build.compiler_cache import SCCACHE_VARIABLES, RemoteCache, remote_cache, sccache_note
+from pipeline.build.compiler_cache import CCACHE_SETTINGS, SCCACHE_VARIABLES, RemoteCache, remote_cache, sccache_note
 from pipeline.build.engine import Engine, detect_engine
 from pipeline.build.image import build_image
+from pipeline.build.jobs import CONTAINER_MEMORY
 from pipeline.build.local import BuiltWheel, accepted_wheels, start_log
 from pipeline.build.sources import prepare_source
 from pipeline.config.layout import Layout, cache_dir, fresh_dir
@@ -253,7 +254,7 @@ def cibuildwheel_env(
     launcher = "sccache" if shared else "ccache"
     defaults = {
         **HIP_ENV,
-        **({"SCCACHE_BASEDIRS": CONTAINER_PROJECT} if shared else {"CCACHE_DIR": CONTAINER_CCACHE}),
+        **({"SCCACHE_BASEDIRS": CONTAINER_PROJECT} if shared else {"CCACHE_DIR": CONTAINER_CCACHE, **CCACHE_SETTINGS}),
         "CMAKE_C_COMPILER_LAUNCHER": launcher,
         "CMAKE_CXX_COMPILER_LAUNCHER": launcher,
         "CMAKE_HIP_COMPILER_LAUNCHER": launcher,
@@ -268,6 +269,9 @@ def cibuildwheel_env(
         **{key: os.environ[key] for key in SCCACHE_VARIABLES if shared and key in os.environ},
     }
     create_args = [] if shared else [f"--volume={ccache}:{CONTAINER_CCACHE}"]
+    if memory := os.environ.get(CONTAINER_MEMORY, "").strip():
+        # The limit the plan sized the compile jobs for (pipeline/build/jobs.py container_capacity).
+        create_args.append(f"--memory={memory}")
     if gpu:
         # The smoke test's gpu_code needs the GPU inside the container.
         create_args += ["--device=/dev/kfd", "--device=/dev/dri", "--group-add=video"]

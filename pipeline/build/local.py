@@ -112,8 +112,11 @@ def start_log(step: BuildDescription, layout: Layout, where: str) -> Path:
     """Begin the recipe's log file afresh for this build, and say where it is."""
     log_file = layout.log_file(step.name)
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version} {where}\n")
+    jobs = f"# compile jobs: {step.jobs_note}\n" if step.jobs_note else ""
+    log_file.write_text(f"# rocwheels build of {step.name} {step.wheel_version} {where}\n{jobs}")
     recipe_logger(step.name).info("building %s %s (log: %s)", step.wheel_version, where, log_file)
+    if step.jobs_note:
+        recipe_logger(step.name).warning("compile jobs: %s", step.jobs_note)
     return log_file
 
 
