@@ -238,7 +238,7 @@ def select_plan(
     constraints = check_constraints(all_recipes, lock_file, line_name)
     wanted = _split(recipes) or list(line.versions)
     targets = targets or line.default_targets
-    host = HostCapacity.measure()
+    capacity = HostCapacity.measure()
     return make_plan(
         all_recipes,
         wanted,
@@ -251,7 +251,7 @@ def select_plan(
         constraints=constraints,
         narrow=narrow,
         profile=read_profile(layout.wheelhouse, line_name),
-        capacity=container_capacity(host) if driver == "container" else host,
+        capacity=container_capacity(capacity) if driver == "container" else capacity,
     )
 
 

@@ -268,19 +268,23 @@ def _cgroup_folders(root: Path) -> list[Path]:
     folders: list[Path] = []
     for row in rows:
         _, controllers, path = row.split(":", 2)
-        if controllers == "" and (mounts / "cgroup.controllers").is_file():
-            top = mounts  # v2, mounted alone
-        elif controllers == "":
-            continue  # the v2 half of a hybrid host: its limits are not in force for memory or cpu
-        elif {"memory", "cpu"} & set(controllers.split(",")):
-            top = next((mounts / c for c in (controllers, *controllers.split(",")) if (mounts / c).is_dir()), None)
-            if top is None:
-                continue
-        else:
+        top = _controller_mount(mounts, controllers)
+        if top is None:
             continue
         parts = Path(path).relative_to("/").parts
         folders += [top.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
     return [folder for folder in dict.fromkeys(folders) if folder.is_dir()]
+
+
+def _controller_mount(mounts: Path, controllers: str) -> Path | None:
+    """Where the hierarchy of a /proc/self/cgroup row is mounted, if it limits memory or cpu."""
+    if controllers == "":
+        # v2; on a hybrid host (v1 and v2 mounted together) its half limits neither memory nor cpu.
+        return mounts if (mounts / "cgroup.controllers").is_file() else None
+    names = controllers.split(",")
+    if not {"memory", "cpu"} & set(names):
+        return None
+    return next((mounts / name for name in (controllers, *names) if (mounts / name).is_dir()), None)
 
 
 def _read(folder: Path, name: str) -> str | None:
