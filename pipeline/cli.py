@@ -69,7 +69,8 @@ def target_options(command: Command) -> Command:
         type=click.IntRange(min=1),
         default=None,
         envvar="ROCWHEELS_JOBS",
-        help="parallel compile jobs ({jobs} in recipes); default: this machine's cores, at most one per 8 GB of memory",
+        help="parallel compile jobs ({jobs} in recipes); default: the build host's cores, no more than its available "
+        "memory carries at the peak per unit the line's build profile measured (8 GB without one)",
     )(command)
     return click.option(
         "--python",

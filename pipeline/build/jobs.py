@@ -6,6 +6,11 @@ memory of a sample of a recipe's own translation units; this module keeps that m
 wheelhouse as the line's **build profile** (``build-profile-<line>.json``) and turns it, with the
 memory and cores the build host (or container) has, into the ``{jobs}`` recipes give ``MAX_JOBS``.
 
+``MAX_JOBS`` is what sets ninja's ``-j``: torch.utils.cpp_extension (``_get_num_workers``, used
+by flash-attention's ``NinjaBuildExtension``, which keeps a ``MAX_JOBS`` already set) runs
+``ninja -v -j MAX_JOBS``, and PyTorch's own ``tools/setup_helpers/cmake.py`` passes ``-j MAX_JOBS``
+to ``cmake --build``; the recipes set ``MAX_JOBS = "{jobs}"``.
+
 Runs inside the builder image too (through the rocwheels installed there): plain Python, reading
 ``/proc`` and the cgroup files of the process itself.
 """
