@@ -10,9 +10,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.build.cache_pass import CachePass, CompileCommand, cache_pass
+from pipeline.build.container import cibuildwheel_env
+from pipeline.build.engine import Engine
+from pipeline.config.layout import Layout
 from pipeline.config.toolchain import HIP_ENV
-from tests.helpers.containers import python_in
+from tests.helpers import REPO
+from tests.helpers.containers import cibuildwheel_reads, python_in
 from tests.helpers.hip import KERNEL
+from tests.helpers.recipes import debian13_plan
 
 # The flags flash-attention 2.8.3.post2's setup.py gives its CK units for HIP 6.4, its -mllvm pairs included.
 FLASH_ATTENTION_FLAGS = shlex.split(
@@ -98,3 +103,13 @@ def test_flash_attention_flags_hit_ccache_with_sid_hipcc(podman_engine, sid_base
     result = CachePass(**json.loads(output.splitlines()[-1]))
     assert result.tool.startswith("ccache 4.")
     assert (result.compiles, result.hits_second_pass, result.uncached) == (1, 1, [])
+
+
+def test_container_builds_check_the_clang_behind_hipcc(tmp_path):
+    """ccache's default check (hipcc's own mtime) would serve objects of an older clang behind the same hipcc."""
+    layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
+    plan = debian13_plan(layout)
+    engine = Engine("podman", ("/nonexistent/podman",))
+    settings = cibuildwheel_env(plan, plan.steps[0], engine=engine, image="x", ccache=tmp_path, gpu=False)
+    environment = cibuildwheel_reads(settings, tmp_path)[1].environment.as_dictionary({"PATH": "/usr/bin"})
+    assert environment["CCACHE_COMPILERCHECK"] == "%compiler% --version"

@@ -10,13 +10,11 @@ base (~90 s) and the builder (~20 s; again after any change under pipeline/ or d
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import shlex
 from pathlib import Path
 
 import pytest
-from cibuildwheel.options import CommandLineArguments, compute_options
 
 from pipeline.build.container import (
     CCACHE_HIPCC,
@@ -45,6 +43,7 @@ from pipeline.wheel.analyze import Kind, analyze_wheel
 from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
+from tests.helpers.containers import cibuildwheel_reads
 from tests.helpers.recipes import DEBIAN13_TARGETS as ARCH
 from tests.helpers.recipes import debian13_plan, line_plan
 from tests.helpers.wheels import the_build
@@ -61,15 +60,6 @@ SID_ARCH = ("gfx942", "gfx950")
 @pytest.fixture
 def layout(tmp_path: Path) -> Layout:
     return Layout(RECIPES, tmp_path / "wheelhouse", tmp_path / "work")
-
-
-def cibuildwheel_reads(settings: dict[str, str], project: Path, identifier: str = "cp313-manylinux_x86_64"):
-    """The build options cibuildwheel derives from ``settings``, as its own option reader does."""
-    arguments = dataclasses.replace(
-        CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=project
-    )
-    options = compute_options("linux", arguments, settings)
-    return options, options.build_options(identifier)
 
 
 def test_an_unpinned_registry_image_is_refused_before_anything_runs(layout: Layout) -> None:

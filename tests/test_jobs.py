@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.build.container import cibuildwheel_env
+from pipeline.build.engine import Engine
 from pipeline.build.jobs import (
     ASSUMED_PEAK_BYTES,
     BuildProfile,
@@ -23,6 +25,7 @@ from pipeline.build.jobs import (
     read_profile,
     record_profile,
 )
+from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
@@ -30,8 +33,9 @@ from pipeline.errors import ConfigError, InputError
 from pipeline.plan import describe, make_plan
 from pipeline.publish.admission import admit_wheels
 from pipeline.publish.index import scan_wheels
-from tests.helpers.containers import python_in
-from tests.helpers.recipes import recipe_toml
+from tests.helpers import REPO
+from tests.helpers.containers import cibuildwheel_reads, python_in
+from tests.helpers.recipes import debian13_plan, recipe_toml
 
 GiB = 1 << 30
 UNLIMITED_V1 = "9223372036854771712"
@@ -195,6 +199,16 @@ def test_container_memory_setting_bounds_the_capacity():
     assert container_capacity(HostCapacity(GiB, 2), {"ROCWHEELS_CONTAINER_MEMORY": "6g"}).memory_bytes == GiB
     with pytest.raises(InputError, match="ROCWHEELS_CONTAINER_MEMORY='lots'"):
         container_capacity(host, {"ROCWHEELS_CONTAINER_MEMORY": "lots"})
+
+
+def test_the_container_memory_setting_reaches_the_engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROCWHEELS_CONTAINER_MEMORY", "6g")
+    layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
+    plan = debian13_plan(layout)
+    engine = Engine("podman", ("/nonexistent/podman",))
+    settings = cibuildwheel_env(plan, plan.steps[0], engine=engine, image="x", ccache=tmp_path, gpu=False)
+    build = cibuildwheel_reads(settings, tmp_path)[1]
+    assert "--memory=6g" in build.container_engine.create_args
 
 
 @pytest.mark.parametrize(("text", "size"), [("700m", 700 << 20), ("1g", GiB), ("8GiB", 8 * GiB), ("1024", 1024)])

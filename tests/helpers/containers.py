@@ -1,9 +1,14 @@
-"""Running this checkout's rocwheels in a throwaway container: a bare image's python3, the checkout
-mounted read-only, no network, and whatever limits the test sets (``--memory 700m``)."""
+"""Containers in tests: this checkout's rocwheels run in a throwaway container (a bare image's python3,
+the checkout mounted read-only, no network, the limits the test sets: ``--memory 700m``), and the
+container driver's settings as cibuildwheel reads them."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from pathlib import Path
+
+from cibuildwheel.options import CommandLineArguments, Options, compute_options
 
 from pipeline.build.engine import Engine
 from pipeline.util.cmd import run
@@ -39,3 +44,12 @@ def python_in(engine: Engine, image: str, code: str, *, limits: tuple[str, ...] 
         code,
     )
     return run(command, env=engine.env).output
+
+
+def cibuildwheel_reads(settings: dict[str, str], project: Path, identifier: str = "cp313-manylinux_x86_64"):
+    """The build options cibuildwheel derives from ``settings``, as its own option reader does."""
+    arguments = dataclasses.replace(
+        CommandLineArguments.defaults(), platform="linux", config_file=os.devnull, package_dir=project
+    )
+    options: Options = compute_options("linux", arguments, settings)
+    return options, options.build_options(identifier)
