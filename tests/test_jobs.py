@@ -30,12 +30,13 @@ from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError, InputError
-from pipeline.plan import describe, make_plan
+from pipeline.plan import describe, make_plan, select_plan
 from pipeline.publish.admission import admit_wheels
 from pipeline.publish.index import scan_wheels
 from tests.helpers import REPO
 from tests.helpers.containers import cibuildwheel_reads, python_in
-from tests.helpers.recipes import debian13_plan, recipe_toml
+from tests.helpers.hip import KERNEL
+from tests.helpers.recipes import DEBIAN13_TARGETS, debian13_plan, recipe_toml
 
 GiB = 1 << 30
 UNLIMITED_V1 = "9223372036854771712"
@@ -254,6 +255,7 @@ def test_no_profile_is_none(tmp_path):
         ("{", ""),
         ('{"schema": 99, "line": "l"}', "schema"),
         ('{"schema": 1, "line": "l", "recipes": {"fa": {"peak_rss_bytes": "lots"}}}', "recipes.fa.peak_rss_bytes"),
+        ('{"schema": 1, "line": "l", "recipes": {"fa": {"peak_rss_bytes": 0}}}', "recipes.fa.peak_rss_bytes"),
         ('{"schema": 1, "line": "other"}', "line"),
     ],
 )
@@ -314,3 +316,54 @@ def test_a_plan_on_a_small_host_gets_fewer_jobs_and_says_why(tmp_path):
     assert f"compile jobs: {small.jobs_note}" in describe(small_plan)
     (asked,) = plan(HostCapacity(5 * GiB, 8), jobs=6).steps
     assert (asked.jobs, asked.jobs_note) == (6, "")
+
+
+def test_a_container_plan_reads_the_lines_profile_from_the_wheelhouse(tmp_path, monkeypatch):
+    """As `rocwheels plan --driver container` resolves it: the profile in the wheelhouse, sized for
+    the container's memory limit."""
+    monkeypatch.setenv("ROCWHEELS_CONTAINER_MEMORY", "2g")
+    layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
+    record_profile(layout.wheelhouse, "debian13", "rocm-canary", measured(peak=GiB))
+    plan = select_plan(layout, "rocm-canary", ";".join(DEBIAN13_TARGETS), "debian13", "container")
+    (step,) = plan.steps
+    cores = HostCapacity.measure().cores
+    assert step.jobs == 1  # 2 GiB less the headroom holds one unit of 1 GiB
+    if cores > 1:  # memory, not cores, decided: the note says so
+        assert step.jobs_note.startswith(f"1 job, not {cores}: ")
+        assert (
+            "in the builder container (--memory 2g), 1.0 GiB per unit measured (rocm-canary preflight" in step.jobs_note
+        )
+
+
+# Inside the container: compile a HIP unit, measure its peak memory as the preflight does (the
+# largest child's peak RSS), keep it in the build profile at /work and decide the jobs there.
+MEASURE_AND_DECIDE = """
+import json, pathlib, resource, subprocess
+from pipeline.build.jobs import HostCapacity, RecipeProfile, record_profile
+subprocess.run(["hipcc", "-x", "hip", "-c", "--offload-arch=gfx942", "-O3", "k.hip", "-o", "k.o"], check=True)
+class Unit:
+    peak_rss_bytes = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    seconds = 1.0
+capacity = HostCapacity.measure()
+profile = RecipeProfile.from_units([Unit()], ["gfx942"], capacity)
+record_profile(pathlib.Path("/work/wheelhouse"), "debian-sid", "toy", profile)
+decision = profile.jobs("toy", capacity)
+print(json.dumps([decision.jobs, decision.note]))
+"""
+
+
+def test_a_container_with_less_memory_gets_fewer_jobs_for_a_measured_unit(podman_engine, sid_base, tmp_path):
+    (tmp_path / "k.hip").write_text(KERNEL)
+
+    def measured_in(memory: str) -> tuple[int, str]:
+        output = python_in(
+            podman_engine, sid_base, MEASURE_AND_DECIDE, limits=("--memory", memory, "--cpus", "2"), work=tmp_path
+        )
+        jobs, note = json.loads(output.splitlines()[-1])
+        return jobs, note
+
+    assert measured_in("2g") == (2, "")  # clang needs ~150 MB for this unit: the 2 cores decide
+    jobs, note = measured_in("256m")
+    assert jobs == 1 and note.startswith("1 job, not 2: 0.2 GiB available") and "(toy preflight for gfx942" in note
+    profile = read_profile(tmp_path / "wheelhouse", "debian-sid")
+    assert profile is not None and profile.recipes["toy"].measured_under.memory_bytes <= 256 << 20

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.errors import ConfigError, InputError
 from pipeline.util.files import atomic_write
@@ -221,17 +221,40 @@ def read_profile(wheelhouse: Path, line: str) -> BuildProfile | None:
         raise ConfigError(
             path, "schema", f"build profile schema {schema!r}, this rocwheels reads {PROFILE_SCHEMA}", fix=_REMEASURE
         )
-    import pydantic  # here only: the builder image's bare Python measures a HostCapacity without it
+    if data.get("line") != line:
+        raise ConfigError(path, "line", f"a profile of line {data.get('line')!r}, not {line!r}", fix=_REMEASURE)
+    return BuildProfile(line, _recipe_profiles(data, path))
 
-    try:
-        profile = pydantic.TypeAdapter(BuildProfile).validate_python(data)
-    except pydantic.ValidationError as exc:
-        error = exc.errors()[0]
-        field_name = ".".join(str(part) for part in error["loc"])
-        raise ConfigError(path, field_name, error["msg"], fix=_REMEASURE) from None
-    if profile.line != line:
-        raise ConfigError(path, "line", f"a profile of line {profile.line!r}, not {line!r}", fix=_REMEASURE)
-    return profile
+
+def _recipe_profiles(data: dict[str, object], path: Path) -> dict[str, RecipeProfile]:
+    """The profile's recipes, each field checked (by hand: the builder image's Python has no pydantic)."""
+
+    def value(table: object, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+        item = table.get(key) if isinstance(table, dict) else None
+        if not isinstance(item, kind) or isinstance(item, bool):
+            raise ConfigError(path, where, f"missing or of the wrong type: {item!r}", fix=_REMEASURE)
+        return item
+
+    recipes = {}
+    for name, entry in value(data, "recipes", dict, "recipes").items():
+        at = f"recipes.{name}"
+        peak = value(entry, "peak_rss_bytes", int, f"{at}.peak_rss_bytes")
+        if peak <= 0:
+            raise ConfigError(path, f"{at}.peak_rss_bytes", f"{peak}: a unit needs some memory", fix=_REMEASURE)
+        under = value(entry, "measured_under", dict, f"{at}.measured_under")
+        recipes[name] = RecipeProfile(
+            peak_rss_bytes=peak,
+            seconds=float(value(entry, "seconds", (int, float), f"{at}.seconds")),
+            units=value(entry, "units", int, f"{at}.units"),
+            targets=tuple(str(target) for target in value(entry, "targets", list, f"{at}.targets")),
+            measured_under=HostCapacity(
+                value(under, "memory_bytes", int, f"{at}.measured_under.memory_bytes"),
+                value(under, "cores", int, f"{at}.measured_under.cores"),
+                value(under, "where", str, f"{at}.measured_under.where"),
+            ),
+            measured_at=value(entry, "measured_at", str, f"{at}.measured_at"),
+        )
+    return recipes
 
 
 def record_profile(wheelhouse: Path, line: str, recipe: str, measured: RecipeProfile) -> Path:
