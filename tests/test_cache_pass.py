@@ -60,6 +60,7 @@ def test_hip_units_hit_ccache_on_the_second_pass(ccache, hipcc, hip_targets, tmp
     assert result.tool.startswith("ccache ")
     assert (result.compiles, result.hits_second_pass, result.hit_rate, result.uncached) == (2, 2, 1.0, ())
     assert result.note() == f"{result.tool}: 100% hits on the second pass (2 of 2)"
+    assert not list((tmp_path / "src").glob("*ccache*")), "nothing of ccache's left beside the objects"
 
 
 def test_a_compile_ccache_cannot_serve_is_named_with_its_reason(ccache, hipcc, hip_targets, tmp_path):

@@ -5,7 +5,7 @@ wrong place to find out. Given the compile commands of a sample of a recipe's tr
 (the preflight's), :func:`cache_pass` runs each twice through the cache the container driver
 builds with, ccache, or sccache where ``ROCWHEELS_SCCACHE`` asks for it, in a fresh private cache,
 so the second pass measures hits alone. A compile the cache did not serve is named with the
-cache's own reason: for ccache the message of its debug log (``Compiler option -save-temps is
+cache's own reason: for ccache the message of its log (``Compiler option -save-temps is
 unsupported``), for sccache its ``not_cached`` counter (``multiple input files``).
 
 Tried here (2026-12): ccache 4.7.5 (Debian 12) with hipcc 5.2 (a Perl script running clang 15)
@@ -28,10 +28,11 @@ from pipeline.build.compiler_cache import CCACHE_SETTINGS, RemoteCache, SccacheS
 from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
 
-# ccache's debug log: the verdict of one call, and the line saying why it gave up before that.
-_RESULT = re.compile(r"^\[[^]]*\] Result: (?P<key>\w+)$", re.M)
+# ccache's log: the verdict of one call, and the line saying why it gave up before that.
+_RESULT = re.compile(r"^\[[^]]*\] Result: (?P<key>.+)$", re.M)
 _GAVE_UP = re.compile(r"^\[[^]]*\] (?P<why>.+)\n\[[^]]*\] Failed; falling back to running the real compiler$", re.M)
-_CCACHE_HITS = {"direct_cache_hit", "preprocessed_cache_hit"}
+# ccache 4's keys, and ccache 3's words for them (EL8's ccache, the ROCm EL8 images).
+_CCACHE_HITS = {"direct_cache_hit", "preprocessed_cache_hit", "cache hit (direct)", "cache hit (preprocessed)"}
 # Results ccache logs for every call besides its verdict: where it looked and stored.
 _CCACHE_STORAGE = re.compile(r"^(local|remote)_storage_|^direct_cache_miss$|^preprocessed_cache_miss$")
 
@@ -57,7 +58,8 @@ class CachePass:
     uncached: tuple[tuple[str, str], ...]  # (unit, the cache's reason) for each compile it did not serve
 
     def note(self) -> str:
-        """``ccache 4.7.5: 50% hits on the second pass (1 of 2); not served: b.hip (multiple source files)``."""
+        """``ccache 4.7.5: 50% hits on the second pass (1 of 2); not served: a.hip+b.hip (Multiple input
+        files: a.hip and b.hip (multiple_source_files))``."""
         rate = f"{self.tool}: {self.hit_rate:.0%} hits on the second pass ({self.hits_second_pass} of {self.compiles})"
         if not self.uncached:
             return rate
@@ -79,7 +81,9 @@ def _ccache_pass(commands: Sequence[CompileCommand], work: Path) -> CachePass:
     if ccache is None:
         raise RocwheelsError("ccache is not installed", fix="apt-get install ccache (the builder images have it)")
     version = run([ccache, "--version"], quiet=True).output.splitlines()[0].removeprefix("ccache version ")
-    cache = {**CCACHE_SETTINGS, "CCACHE_DIR": str(work / "ccache"), "CCACHE_DEBUG": "1"}
+    # A log file per call is enough for the verdict; CCACHE_DEBUG would also leave its
+    # .ccache-input-* files beside each object, in the build's own folders.
+    cache = {**CCACHE_SETTINGS, "CCACHE_DIR": str(work / "ccache")}
     verdicts = []
     for number in (1, 2):
         for index, command in enumerate(commands):
@@ -95,7 +99,7 @@ def _ccache_pass(commands: Sequence[CompileCommand], work: Path) -> CachePass:
 
 
 def _ccache_verdict(log: str, returncode: int) -> str | None:
-    """None for a hit, else why ccache did not serve the call (its debug log of that call)."""
+    """None for a hit, else why ccache did not serve the call (its log of that call)."""
     keys = [key for key in _RESULT.findall(log) if not _CCACHE_STORAGE.match(key)]
     if _CCACHE_HITS & set(keys):
         return None

@@ -71,14 +71,9 @@ class HostCapacity:
                 cores = min(cores, max(1, math.ceil(quota)))
         return cls(memory_bytes=max(0, memory), cores=max(1, cores))
 
-    def limited(self, memory_bytes: int | None, where: str) -> HostCapacity:
-        """This capacity within a container given at most ``memory_bytes`` (None: no limit)."""
-        if memory_bytes is None:
-            return self
+    def limited(self, memory_bytes: int, where: str) -> HostCapacity:
+        """This capacity within a container given at most ``memory_bytes``."""
         return replace(self, memory_bytes=min(self.memory_bytes, memory_bytes), where=where)
-
-    def describe(self) -> str:
-        return f"{gib(self.memory_bytes)} available, {self.cores} cores {self.where}"
 
 
 @dataclass(frozen=True)
@@ -107,9 +102,7 @@ def jobs_for(
             f"give the build more memory (or a larger {CONTAINER_MEMORY}) or close other programs",
         )
     if fit < capacity.cores:
-        return JobsDecision(
-            int(fit), f"{fit} job{'s' if fit > 1 else ''}, not {capacity.cores}: {available}, {per_unit}"
-        )
+        return JobsDecision(fit, f"{fit} job{'s' if fit > 1 else ''}, not {capacity.cores}: {available}, {per_unit}")
     return JobsDecision(capacity.cores)
 
 
