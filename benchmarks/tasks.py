@@ -3,15 +3,24 @@
 python tasks.py copy WHEEL OUT_DIR
 python tasks.py rewrite WHEEL OUT_DIR        read every member, write a new zip at deflate 6
 python tasks.py repair WHEEL OUT_DIR LOG     pipeline.repair.repair.repair_wheel with its defaults
+python tasks.py floor WHEEL OUT_DIR CHANGED LEVEL CHUNK
+                                             the members named in CHANGED inflated and deflated again
 python tasks.py analyze WHEEL                pipeline.wheel.analyze.analyze_wheel
+python tasks.py pip-install WHEEL SCRATCH CODE
+                                             python -m venv, pip install WHEEL, python -c CODE
 python tasks.py bigwheel WHEEL OUT BYTES     a wheel of WHEEL's smallest library and BYTES of data (ZIP64)
 """
 
 from __future__ import annotations
 
+import io
+import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 REWRITE_LEVEL = 6
@@ -44,6 +53,90 @@ def repair(wheel: Path, out: Path, log: Path) -> None:
 
     setup_logging()  # the "repaired ... (auditwheel x s, RPATHs ..., write ...)" line, parsed by run.py
     repair_wheel(wheel, out, log_file=log)  # default RepairSettings: the ROCm excludes only
+
+
+def floor(wheel: Path, out: Path, changed_list: Path, level: int, chunk: int) -> None:
+    """The floor of a repair (issue #25): every member it changes inflated and deflated again on
+    all cores, with the deflate repair uses (zlib-ng at its level, in its chunks, each with the
+    previous chunk's last 32 KiB as dictionary); the other members' compressed bytes copied as
+    they lie, and the central directory. No analysis, no RPATH, no RECORD hashes: a lower bound."""
+    from zlib_ng import zlib_ng
+
+    changed = set(changed_list.read_text().splitlines())
+    cores = len(os.sched_getaffinity(0))
+    with zipfile.ZipFile(wheel) as archive:
+        members = sorted(archive.infolist(), key=lambda info: info.header_offset)
+        directory = archive.start_dir
+    ends = [info.header_offset for info in members[1:]] + [directory]
+
+    def deflate(piece: bytes, dictionary: bytes, last: bool) -> tuple[bytes, int]:
+        compressor = zlib_ng.compressobj(
+            level,
+            zlib_ng.DEFLATED,
+            -15,
+            zlib_ng.DEF_MEM_LEVEL,
+            zlib_ng.Z_DEFAULT_STRATEGY,
+            **({"zdict": dictionary} if dictionary else {}),
+        )
+        flush = zlib_ng.Z_FINISH if last else zlib_ng.Z_SYNC_FLUSH
+        return compressor.compress(piece) + compressor.flush(flush), zlib_ng.crc32(piece)
+
+    def refill(info: zipfile.ZipInfo, deflaters: ThreadPoolExecutor) -> list[Future[tuple[bytes, int]]]:
+        """Inflate ``info`` (one stream: one thread), handing each CHUNK to the deflaters as it comes."""
+        with wheel.open("rb") as raw:
+            raw.seek(info.header_offset + 26)
+            name_length, extra_length = int.from_bytes(raw.read(2), "little"), int.from_bytes(raw.read(2), "little")
+            raw.seek(name_length + extra_length, os.SEEK_CUR)
+            inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+            parts: list[Future[tuple[bytes, int]]] = []
+            pending, previous, emitted, left = b"", b"", 0, info.compress_size
+            while left or pending:
+                block = raw.read(min(left, CHUNK)) if left else b""
+                left -= len(block)
+                pending += inflater.decompress(block) if inflater else block
+                while len(pending) >= chunk or (pending and not left):
+                    piece, pending = pending[:chunk], pending[chunk:]
+                    emitted += len(piece)
+                    parts.append(deflaters.submit(deflate, piece, previous[-(32 << 10) :], emitted == info.file_size))
+                    previous = piece
+        return parts
+
+    with (
+        ThreadPoolExecutor(cores) as inflaters,
+        ThreadPoolExecutor(cores) as deflaters,
+        wheel.open("rb") as source,
+        (out / wheel.name).open("wb") as sink,
+    ):
+        jobs = {
+            info.filename: inflaters.submit(refill, info, deflaters) for info in members if info.filename in changed
+        }
+        for info, end in zip(members, ends, strict=True):
+            if info.filename in jobs:
+                for part in jobs[info.filename].result():
+                    sink.write(part.result()[0])
+            else:
+                _copy_range(source, sink, info.header_offset, end)
+        _copy_range(source, sink, directory, wheel.stat().st_size)
+
+
+def _copy_range(source: io.BufferedReader, sink: io.BufferedWriter, start: int, end: int) -> None:
+    """Bytes [start, end) of ``source`` appended to ``sink``, in the kernel."""
+    sink.flush()
+    while start < end:
+        copied = os.copy_file_range(source.fileno(), sink.fileno(), end - start, start)
+        if not copied:
+            raise OSError(f"copy_file_range stopped at {start} of {end}")
+        start += copied
+    sink.seek(0, os.SEEK_END)
+
+
+def pip_install(wheel: Path, scratch: Path, code: str) -> None:
+    """The smoke test as a user makes it by hand: a venv (with pip), pip install, the import."""
+    with tempfile.TemporaryDirectory(prefix="pip-install-", dir=scratch) as folder:
+        python = Path(folder) / "venv" / "bin" / "python"
+        subprocess.run([sys.executable, "-m", "venv", python.parent.parent], check=True)
+        subprocess.run([python, "-m", "pip", "install", "--disable-pip-version-check", "-q", wheel], check=True)
+        subprocess.run([python, "-c", code], check=True, cwd=folder)
 
 
 def analyze(wheel: Path) -> None:
@@ -113,6 +206,12 @@ def main(argv: list[str]) -> int:
     task, *rest = argv
     if task == "bigwheel":
         bigwheel(Path(rest[0]), Path(rest[1]), rest[2])
+        return 0
+    if task == "floor":
+        floor(Path(rest[0]), Path(rest[1]), Path(rest[2]), int(rest[3]), int(rest[4]))
+        return 0
+    if task == "pip-install":
+        pip_install(Path(rest[0]), Path(rest[1]), rest[2])
         return 0
     paths = list(map(Path, rest))
     {"copy": copy, "rewrite": rewrite, "repair": repair, "analyze": analyze}[task](*paths)
