@@ -93,8 +93,8 @@ PYPI_WHEELS = (
         "e8097aa9dde2b759604e7b3f163e50dc83380968002e32fc770a8f91126d1b55",
         "jax_rocm60_pjrt-0.5.0-py3-none-manylinux_2_28_x86_64.whl",
     ),
-    # 77.3 MB, 16 ELF files (one of 245 MB, MLIR), already auditwheel-repaired (flydsl.libs), an
-    # extension linking ROCm 6 libraries, build-machine RPATHs (/opt/rh/gcc-toolset-9).
+    # 77.3 MB, 16 ELF files (one of 245 MB, MLIR), already auditwheel-repaired (flydsl.libs), a JIT
+    # runtime linking libamdhip64.so.7, a build-machine RPATH (/opt/rh/gcc-toolset-9).
     PypiWheel(
         "flydsl",
         "flydsl",
@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds auditwheel repair may take on the ZIP64 wheel before it is stopped (default 600)",
     )
     parser.add_argument("--skip-smoke", action="store_true", help="skip verify of the canary with its smoke test")
+    parser.add_argument(
+        "--skip-rebuild", action="store_true", help="skip the canary's rebuilds (rebuild.py: cold, warm, no-op)"
+    )
     parser.add_argument("--arch", default="gfx90a", help="GPU target the canary is built for (default gfx90a)")
     args = parser.parse_args(argv)
     if args.repeat < 1 or args.size_mb < 10:
@@ -306,6 +309,23 @@ def main(argv: list[str] | None = None) -> int:
             return [_smoke_row(report["smoke"]["median"], config["smoke"])]
 
         part("smoke test: verify of the canary", smoke)
+
+    if not args.skip_rebuild:
+
+        def rebuild() -> list[Row]:
+            figures = cache / "rebuild.json"
+            figures.unlink(missing_ok=True)
+            done = subprocess.run(
+                [PYTHON, str(HERE / "rebuild.py"), "--arch", args.arch, "--cache", str(cache), "--json", str(figures)]
+            )
+            if done.returncode == 2 or not figures.exists():
+                raise RocwheelsError(
+                    "rebuild.py failed: a build of the canary did not finish", fix="see its output above"
+                )
+            report["rebuild"] = json.loads(figures.read_text())
+            return [_rebuild_row(report["rebuild"])]
+
+        part("rebuilds of the canary (rebuild.py)", rebuild)
 
     report["load_average_end"] = os.getloadavg()
     report["table"] = [asdict(row) for row in rows]
@@ -531,14 +551,24 @@ def _sha256(path: Path) -> str:
 def _zip64(generated: Path, cache: Path, timeout: float) -> dict:
     """A wheel above 4 GiB (made once, cached): repaired by rocwheels, the result verified by two
     readers; then by auditwheel, stopped at ``timeout`` seconds. Each once: the wheel is 4.25 GiB."""
-    folder = cache / "zip64"
-    wheel = folder / "rocbigwheel-1.0-cp311-cp311-linux_x86_64.whl"
+    # One per generated wheel (its folder names its size and generator version); the version in
+    # the name is the layout's (tasks.py bigwheel): a wheel of an older layout is not reused.
+    folder = cache / "zip64" / generated.parent.name
+    wheel = folder / "rocbigwheel-2.0-cp311-cp311-linux_x86_64.whl"
     if not wheel.exists():
-        print(f"making a {ZIP64_BYTES / GIB:.2f} GiB wheel (once)", flush=True)
+        print(
+            f"making the ZIP64 wheel (once): {ZIP64_BYTES / GIB:.2f} GiB of data, then copies of the generated wheel's packages",
+            flush=True,
+        )
+        shutil.rmtree(cache / "zip64", ignore_errors=True)  # an older one: 4.5 GiB
         subprocess.run(
             [PYTHON, str(HERE / "tasks.py"), "bigwheel", str(generated), str(wheel), str(ZIP64_BYTES)], check=True
         )
-    env = _measure_env(folder)
+    # auditwheel unpacks into TMPDIR: stopped at the limit, it leaves up to 4 GiB there.
+    scratch = folder / "tmp"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    env = {**_measure_env(folder), "TMPDIR": str(scratch)}
     ours, theirs = MEASUREMENTS[1], MEASUREMENTS[0]  # rocwheels repair, auditwheel repair
     _warm_page_cache(wheel)
     result, repaired = _run_once(ours, wheel, folder, 1, env)
@@ -571,6 +601,7 @@ def _zip64(generated: Path, cache: Path, timeout: float) -> dict:
         f"  auditwheel: {reference['seconds']:.1f} s, peak RSS {reference['maxrss_mb']:.0f} MB: {outcome}", flush=True
     )
     shutil.rmtree(folder / "out")
+    shutil.rmtree(scratch)
     return {"size_gib": wheel.stat().st_size / GIB, "repair": result, "auditwheel": reference, "problems": problems}
 
 
@@ -764,6 +795,19 @@ def _smoke_row(summary: dict[str, dict], target: dict) -> Row:
         f"{verify / by_hand:.3f}x",
         f"< {limit:g} s",
         "PASS" if verify < limit else "FAIL",
+    )
+
+
+def _rebuild_row(figures: dict) -> Row:
+    no_op, limit = figures["no_op_s"], figures["no_op_limit_s"]
+    built = " (it built)" if figures["built_again"] else ""
+    return Row(
+        "canary: no-op make wheels (rebuild.py)",
+        f"cold build: {figures['cold_s']:.1f} s, warm: {figures['warm_s']:.1f} s ({figures['warm_hits']})",
+        f"{no_op:.2f} s{built}",
+        f"{no_op / figures['cold_s']:.3f}x",
+        f"< {limit:g} s, no build",
+        "PASS" if no_op < limit and not figures["built_again"] else "FAIL",
     )
 
 

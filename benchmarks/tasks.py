@@ -8,7 +8,7 @@ python tasks.py floor WHEEL OUT_DIR CHANGED LEVEL CHUNK
 python tasks.py analyze WHEEL                pipeline.wheel.analyze.analyze_wheel
 python tasks.py pip-install WHEEL SCRATCH CODE
                                              python -m venv, pip install WHEEL, python -c CODE
-python tasks.py bigwheel WHEEL OUT BYTES     a wheel of WHEEL's smallest library and BYTES of data (ZIP64)
+python tasks.py bigwheel WHEEL OUT BYTES     BYTES of data, then copies of WHEEL's packages (ZIP64)
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 REWRITE_LEVEL = 6
 ZIP_DATE = (2024, 1, 1, 0, 0, 0)
 CHUNK = 1 << 20
+BIG_COPIES = 3  # of the generated wheel's packages in the ZIP64 wheel: 3 x 88 ELF files, 3 x ~7,400 members
 
 
 def copy(wheel: Path, out: Path) -> None:
@@ -149,41 +150,29 @@ def analyze(wheel: Path) -> None:
 
 
 def bigwheel(source: Path, out: Path, size: str) -> None:
-    """``rocbigwheel``: the smallest HIP library of ``source`` (so repair has an RPATH to set) and a
-    stored data member of ``size`` bytes, which puts every later offset past 4 GiB."""
+    """The ZIP64 wheel, laid out like a ROCm torch wheel past 4 GiB: a stored data member of
+    ``size`` bytes first, which puts every later offset past 4 GiB, then BIG_COPIES copies of
+    ``source``'s packages (``rocbench/`` as ``rocbench0/``, ...): its HIP libraries with their
+    RPATHs, code objects and Python files, thousands of members and hundreds of ELF files. Its name
+    and version are ``out``'s."""
     import base64
     import hashlib
-    import os
 
     def b64(digest: bytes) -> str:
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
-    import tempfile
-
-    from pipeline.wheel.elf import read_elf
-
-    def standalone(data: bytes) -> bool:  # needs no other library of its wheel
-        with tempfile.NamedTemporaryFile(suffix=".so") as file:
-            file.write(data)
-            file.flush()
-            return not any(needed.startswith("librocbench") for needed in read_elf(file.name, with_fatbin=False).needed)
-
-    with zipfile.ZipFile(source) as archive:
-        libraries = sorted((i for i in archive.infolist() if i.filename.endswith(".so")), key=lambda i: i.file_size)
-        library_bytes = next(data for data in map(archive.read, libraries) if standalone(data))
-    dist_info = "rocbigwheel-1.0.dist-info"
+    name, version = out.name.split("-")[:2]
+    dist_info = f"{name}-{version}.dist-info"
     small = {
-        "rocbigwheel/__init__.py": b"",
-        "rocbigwheel/_lib.so": library_bytes,
         f"{dist_info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: rocwheels-benchmark\nRoot-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n",
-        f"{dist_info}/METADATA": b"Metadata-Version: 2.1\nName: rocbigwheel\nVersion: 1.0\n",
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
     block = os.urandom(64 << 20)  # incompressible: stored, the file itself passes 4 GiB
     rows = []
-    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as wheel:
-        info = zipfile.ZipInfo("rocbigwheel/data.bin", ZIP_DATE)
+    with zipfile.ZipFile(source) as archive, zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as wheel:
+        info = zipfile.ZipInfo(f"{name}/data.bin", ZIP_DATE)
         info.compress_type = zipfile.ZIP_STORED
         digest, left = hashlib.sha256(), int(size)
         with wheel.open(info, "w", force_zip64=True) as sink:
@@ -192,10 +181,23 @@ def bigwheel(source: Path, out: Path, size: str) -> None:
                 sink.write(piece)
                 digest.update(piece)
                 left -= len(piece)
-        rows.append(f"rocbigwheel/data.bin,sha256={b64(digest.digest())},{size}")
-        for name, data in small.items():
-            wheel.writestr(zipfile.ZipInfo(name, ZIP_DATE), data, zipfile.ZIP_DEFLATED)
-            rows.append(f"{name},sha256={b64(hashlib.sha256(data).digest())},{len(data)}")
+        rows.append(f"{name}/data.bin,sha256={b64(digest.digest())},{size}")
+        packaged = [i for i in archive.infolist() if not i.is_dir() and ".dist-info/" not in i.filename]
+        for copy_number in range(BIG_COPIES):
+            for member in packaged:
+                top, rest = member.filename.split("/", 1)
+                entry = zipfile.ZipInfo(f"{top}{copy_number}/{rest}", ZIP_DATE)
+                entry.external_attr = member.external_attr
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                digest = hashlib.sha256()
+                with archive.open(member) as data, wheel.open(entry, "w") as sink:
+                    while piece := data.read(CHUNK):
+                        digest.update(piece)
+                        sink.write(piece)
+                rows.append(f"{entry.filename},sha256={b64(digest.digest())},{member.file_size}")
+        for member_name, data in small.items():
+            wheel.writestr(zipfile.ZipInfo(member_name, ZIP_DATE), data, zipfile.ZIP_DEFLATED)
+            rows.append(f"{member_name},sha256={b64(hashlib.sha256(data).digest())},{len(data)}")
         wheel.writestr(
             zipfile.ZipInfo(f"{dist_info}/RECORD", ZIP_DATE), "\n".join([*rows, f"{dist_info}/RECORD,,"]) + "\n"
         )
