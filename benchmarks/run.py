@@ -803,7 +803,7 @@ def _rebuild_row(figures: dict) -> Row:
     built = " (it built)" if figures["built_again"] else ""
     return Row(
         "canary: no-op make wheels (rebuild.py)",
-        f"cold build: {figures['cold_s']:.1f} s, warm: {figures['warm_s']:.1f} s ({figures['warm_hits']})",
+        f"cold build: {figures['cold_s']:.1f} s, warm: {figures['warm_s']:.1f} s, {figures['warm_hits']}",
         f"{no_op:.2f} s{built}",
         f"{no_op / figures['cold_s']:.3f}x",
         f"< {limit:g} s, no build",
