@@ -1,6 +1,6 @@
 """Run one command in a fresh process; write its wall time and peak memory as JSON.
 
-    python measure.py RESULT.json LOG -- COMMAND...
+    python measure.py RESULT.json LOG [--timeout SECONDS] -- COMMAND...
 
 run.py starts this wrapper once per measurement because ``getrusage(RUSAGE_CHILDREN)`` reports
 the largest peak RSS of *all* children a process has ever waited for: a fresh wrapper has only the
@@ -11,6 +11,9 @@ measured command (and the processes it waited for: auditwheel, patchelf) as chil
   (a parent idling while its auditwheel child works still holds its memory; short spikes and
   processes living under 20 ms can be missed, and shared pages count once per process).
 
+With ``--timeout``, the command (in a session of its own) and every process of its session are
+killed at the limit and ``timed_out`` is true: its figures are then those up to the limit.
+
 Standard library only, so it adds nothing to what it measures.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import threading
@@ -70,16 +74,30 @@ def _rss(pid: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4 or argv[2] != "--":
+    timeout = float(argv[3]) if len(argv) > 4 and argv[2] == "--timeout" else None
+    rest = argv[4:] if timeout is not None else argv[2:]
+    if len(argv) < 4 or len(rest) < 2 or rest[0] != "--":
         print(__doc__, file=sys.stderr)
         return 2
-    result, log, command = argv[0], argv[1], argv[3:]
+    result, log, command = argv[0], argv[1], rest[1:]
+    timed_out = False
     with open(log, "wb") as sink:
         started = time.perf_counter()
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=timeout is not None,  # so that its whole tree can be stopped
+        )
         sampler = TreeSampler(process.pid)
         sampler.start()
-        returncode = process.wait()
+        try:
+            returncode = process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(process.pid, signal.SIGKILL)
+            returncode = process.wait()
         seconds = time.perf_counter() - started
         sampler.stop()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -87,6 +105,7 @@ def main(argv: list[str]) -> int:
         json.dump(
             {
                 "returncode": returncode,
+                "timed_out": timed_out,
                 "seconds": seconds,
                 "maxrss_mb": usage.ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
                 "tree_peak_mb": sampler.peak / (1 << 20),

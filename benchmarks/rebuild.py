@@ -1,6 +1,6 @@
 """Rebuilds of the canary through `rocwheels wheels`, measured in one run:
 
-    python benchmarks/rebuild.py [--arch gfx90a] [--cache build/bench]
+    python benchmarks/rebuild.py [--arch gfx90a] [--cache build/bench] [--json RESULT.json]
 
 1. cold: an empty work folder, wheelhouse and compiler cache;
 2. warm: after what `make clean` removes (work folder and wheelhouse), with the compiler cache
@@ -9,12 +9,14 @@
 
 The compiler cache is sccache with a Redis backend (a real redis-server on loopback, as a team's
 shared cache would be); the local driver on this host's ROCm line. Exits 1 if the no-op run builds
-or is slow, 2 if a run fails.
+or is slow, 2 if a run fails. run.py runs it as a part of `make bench` and puts its figures, from
+``--json``, in its table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -71,6 +73,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", default="gfx90a", help="a target this host's hipcc compiles (default gfx90a)")
     parser.add_argument("--cache", type=Path, default=ROOT / "build" / "bench")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     args = parser.parse_args()
     work = args.cache / "rebuild"
     shutil.rmtree(work, ignore_errors=True)
@@ -95,6 +98,19 @@ def main() -> int:
         f"no-op make wheels {no_op:5.2f} s (target < {NO_OP_SECONDS:.0f} s, no build): {verdict}"
         f"{' (it built)' if built_again else ''}"
     )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "cold_s": cold,
+                    "warm_s": warm,
+                    "no_op_s": no_op,
+                    "no_op_limit_s": NO_OP_SECONDS,
+                    "built_again": built_again,
+                    "warm_hits": warm_hits.group(0) if warm_hits else None,
+                }
+            )
+        )
     return 0 if verdict == "PASS" else 1
 
 
