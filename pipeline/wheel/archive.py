@@ -383,7 +383,8 @@ def _check_installable_names(path: Path, infos: list[zipfile.ZipInfo]) -> None:
                 f"{path}: members {other} and {name} differ only in case: on macOS and Windows one overwrites the other",
                 fix=_REBUILD,
             )
-    folders = {str(parent) for name in files for parent in PurePosixPath(name).parents if str(parent) != "."}
+    # Split as strings: PurePosixPath's parents take a third of a second on a torch-sized wheel.
+    folders = {"/".join(parts[:depth]) for parts in (n.split("/") for n in files) for depth in range(1, len(parts))}
     clashes = sorted(set(files) & folders)
     if clashes:
         raise RocwheelsError(
