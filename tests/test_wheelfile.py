@@ -68,7 +68,7 @@ def test_damaged_member_data_is_found_when_hashes_are_verified(wheel: Path) -> N
     data[start] ^= 0xFF
     wheel.write_bytes(bytes(data))
     check_wheel(wheel, verify_hashes=False)  # the structure is intact
-    with pytest.raises(RocwheelsError, match="damaged zip archive|does not match its RECORD"):
+    with pytest.raises(RocwheelsError, match="is damaged|does not match its RECORD"):
         check_wheel(wheel)  # every stage verifies hashes by default
 
 

@@ -9,7 +9,7 @@ import random
 import shutil
 import struct
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ import pytest
 from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
 from pipeline.wheel import zipwrite
-from pipeline.wheel.archive import check_wheel
+from pipeline.wheel.archive import check_wheel, read_wheel
 from pipeline.wheel.zipwrite import _BEHIND_FROM, CHUNK, Added, extract_members, record_rows, write_wheel
 
 DIST_INFO = "demo-1.0.dist-info"
@@ -140,3 +140,62 @@ def test_a_failed_write_leaves_nothing(wheel: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not members"):
         write_wheel(wheel, out / wheel.name, record=f"{DIST_INFO}/RECORD", changed={"demo/absent.py": b""})
     assert os.listdir(out) == []
+
+
+def test_read_wheel_hands_each_selected_member_to_its_work_once_and_removes_it(
+    platform_wheel: Callable[..., Path], tmp_path: Path
+) -> None:
+    members = {"demo/b.so": b"\x7fELF b", "demo/a.py": b"print()", "demo/c.so": b"\x7fELF c" * 1000}
+    wheel = platform_wheel(tmp_path, "demo", members)
+    seen: list[Path] = []
+
+    def work(name: str, file: Path) -> bytes:
+        seen.append(file)
+        return file.read_bytes()
+
+    info, read = read_wheel(wheel, lambda head: head.startswith(b"\x7fELF"), work)
+    assert info.name == "demo"
+    with zipfile.ZipFile(wheel) as archive:
+        in_archive = [n for n in archive.namelist() if n.endswith(".so")]
+    assert list(read) == in_archive  # archive order, whichever thread finished first
+    assert read == {name: members[name] for name in in_archive}
+    assert len(seen) == 2 and not any(file.exists() for file in seen)
+
+
+def test_a_changed_member_is_reported_before_the_work_on_another_fails(
+    platform_wheel: Callable[..., Path], tmp_path: Path
+) -> None:
+    wheel = platform_wheel(tmp_path / "in", "demo", {"demo/a.so": b"\x7fELF", "demo/b.py": b"x = 1\n"})
+    tampered = tmp_path / "out" / wheel.name
+    tampered.parent.mkdir()
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(tampered, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in source.infolist():
+            out.writestr(info, b"x = 2\n" if info.filename == "demo/b.py" else source.read(info))
+
+    def work(name: str, file: Path) -> None:
+        raise ValueError("the work fails")
+
+    with pytest.raises(ValueError, match="the work fails"):
+        read_wheel(wheel, lambda head: True, work)
+    with pytest.raises(RocwheelsError, match=r"demo/b\.py does not match its RECORD hash"):
+        read_wheel(tampered, lambda head: True, work)
+
+
+def test_a_member_is_inflated_in_bounded_pieces_whatever_its_ratio(
+    platform_wheel: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    zeros = bytes(64 << 20)  # deflates about 1000 to 1: one compressed read would inflate to megabytes
+    wheel = platform_wheel(tmp_path, "demo", {"demo/zeros.so": zeros})
+    monkeypatch.setenv("ROCWHEELS_MAX_RATIO", "2000")
+    largest: list[int] = []
+    keep = zipwrite._inflated
+
+    def watched(*args: object) -> Iterator[bytes]:
+        for piece in keep(*args):  # type: ignore[arg-type]
+            largest.append(len(piece))
+            yield piece
+
+    monkeypatch.setattr(zipwrite, "_inflated", watched)
+    _, read = read_wheel(wheel, lambda head: head == bytes(len(head)), lambda name, file: file.stat().st_size)
+    assert read == {"demo/zeros.so": len(zeros)}
+    assert max(largest) <= zipwrite._STEP

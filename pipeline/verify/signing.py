@@ -18,11 +18,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from typing import TYPE_CHECKING
 
 from pipeline.errors import InputError
+
+# Imported where keys are made or read: cryptography's bindings are the largest import of
+# `rocwheels inspect`, which never signs.
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PUBLIC_PREFIX = "ed25519:"
 SECRET_PREFIX = "ed25519-secret:"
@@ -34,6 +37,8 @@ _DOMAIN = b"rocwheels provenance record v1\n"
 
 def parse_public_key(text: str) -> Ed25519PublicKey:
     """``ed25519:<base64 of 32 bytes>`` as a key; ValueError naming the expected form otherwise."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
     raw = _decode(text, PUBLIC_PREFIX)
     if raw is None or len(raw) != 32:
         raise ValueError(
@@ -61,6 +66,8 @@ class SigningKey:
 
 def new_key(path: Path) -> SigningKey:
     """Write a new private key to ``path`` (readable by its owner only; never over an existing file)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.generate()
     secret = SECRET_PREFIX + base64.b64encode(key.private_bytes_raw()).decode() + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +105,8 @@ def signing_key_from_env() -> SigningKey | None:
             f"{where} does not hold a signing key (ed25519-secret:<base64 of 32 bytes>)",
             fix="put there the one line rocwheels key new wrote to its key file",
         )
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     key = Ed25519PrivateKey.from_private_bytes(raw)
     return SigningKey(key, public_text(key.public_key()))
 
@@ -144,6 +153,8 @@ def check_signature(content: bytes, signature: Mapping[str, str] | None, trusted
     The signature is checked against the key it names even when that key is not trusted: a
     mismatch means the record was changed after signing (or forged), whoever signed it.
     """
+    from cryptography.exceptions import InvalidSignature
+
     if not signature:
         return SignatureCheck(Trust.UNSIGNED)
     key_text = signature.get("key") if isinstance(signature, Mapping) else None

@@ -11,18 +11,16 @@ from __future__ import annotations
 import mmap
 import posixpath
 import re
-import tempfile
-import zipfile
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 
 from pipeline.config.toolchain import rocm_lib_dir
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
-from pipeline.wheel.archive import WheelInfo, check_wheel, extract, open_wheel
+from pipeline.wheel.archive import WheelInfo, read_wheel
 from pipeline.wheel.elf import ELF_MAGIC, ElfError, ElfInfo, read_elf, section_span
 from pipeline.wheel.offload import OffloadBundleError, gpu_targets, parse_fatbin
 from pipeline.wheel.platform_tag import symbol_versions
@@ -155,23 +153,9 @@ def libc_of(elfs: Sequence[ElfInfo]) -> Libc:
 
 def analyze_wheel(path: Path, layout: TargetLayout | None = None) -> WheelAnalysis:
     layout = layout or TargetLayout()
-    info = check_wheel(path)
-    with open_wheel(path) as archive, tempfile.TemporaryDirectory(prefix="rocwheels-analyze-") as scratch:
-        elf_names = [n for n in archive.namelist() if not n.endswith("/") and _starts_with_elf_magic(archive, n)]
-        raw = []
-        for name in elf_names:
-            extracted = extract(archive, [name], Path(scratch))[name]
-            try:
-                elf = read_elf(extracted, with_fatbin=False)
-                versions = symbol_versions(extracted)
-            except ElfError as exc:  # named by its member, not by the scratch copy
-                raise ElfError(
-                    f"{path}: {name}: {exc.message.removeprefix(f'{extracted}: ')}",
-                    fix="do not install or publish this wheel: the loader would crash on it; rebuild it",
-                ) from None
-            # The GPU code is streamed from a mapping of the file, never held: a torch wheel holds gigabytes of it.
-            raw.append((name, elf, _code_objects(extracted), versions))
-            extracted.unlink()  # one large library at a time on disk
+    # One pass over the members: each is inflated once, hashed, and an ELF file also read as it lands.
+    info, read = read_wheel(path, lambda head: head.startswith(ELF_MAGIC), partial(_read_member, path))
+    raw = [(name, *found) for name, found in read.items()]
     installed = {_install_path(name): elf for name, elf, _, _ in raw if elf.machine != "EM_AMDGPU"}
     loader = MUSL_LOADER if libc_of(list(installed.values())) is Libc.MUSL else GLIBC_LOADER
     resolved = _Resolver(installed, layout, loader).resolve_all()
@@ -287,13 +271,22 @@ class _Resolver:
         return Dependency(soname, Kind.MISSING, None, note)
 
 
-def _starts_with_elf_magic(archive: zipfile.ZipFile, name: str) -> bool:
-    with archive.open(name) as stream:
-        return stream.read(len(ELF_MAGIC)) == ELF_MAGIC
-
-
 def _install_path(member: str) -> str:
     return _DATA_DIR.sub("", member)
+
+
+def _read_member(wheel: Path, name: str, file: Path) -> tuple[ElfInfo, _CodeObjects, tuple[tuple[str, str], ...]]:
+    """What analysis needs of the ELF member ``name``, unpacked to ``file``."""
+    try:
+        elf = read_elf(file, with_fatbin=False)
+        versions = symbol_versions(file)
+    except ElfError as exc:  # named by its member, not by the scratch copy
+        raise ElfError(
+            f"{wheel}: {name}: {exc.message.removeprefix(f'{file}: ')}",
+            fix="do not install or publish this wheel: the loader would crash on it; rebuild it",
+        ) from None
+    # The GPU code is streamed from a mapping of the file, never held: a torch wheel holds gigabytes of it.
+    return elf, _code_objects(file), versions
 
 
 @dataclass(frozen=True)

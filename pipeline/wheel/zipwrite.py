@@ -18,6 +18,7 @@ import csv
 import errno
 import hashlib
 import io
+import itertools
 import os
 import struct
 import threading
@@ -29,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import overload
+from typing import Any, TypeVar, overload
 
 from zlib_ng import zlib_ng
 
@@ -39,6 +40,10 @@ from pipeline.util.files import atomic_write
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
 _BEHIND_FROM = 16 << 20  # the least member worth a thread hashing beside its inflating (benchmarks/README.md)
+# The most inflated bytes held per step of an inflate, and the compressed bytes read for one: small
+# pieces keep memory down (glibc keeps freed megabyte blocks), a quarter of one inflates to about one.
+_STEP = 256 << 10
+_HEAD = 64  # inflated bytes a member's file type is told by (its magic number)
 _WINDOW = 32 << 10  # deflate's dictionary: what a chunk may refer back to in the previous one
 _LIMIT = 0xFFFFFFFF
 _COUNT_LIMIT = 0xFFFF
@@ -52,6 +57,7 @@ _ZIP64_EXTRA = 0x0001
 _MADE_BY_UNIX = 3 << 8 | 45  # unix attributes, spec version 4.5 (ZIP64)
 # The earliest time a zip can hold (1980-01-01 UTC): SOURCE_DATE_EPOCH below it is taken as it, as wheel does.
 ZIP_EPOCH = 315532800
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -139,9 +145,9 @@ def extract_members(
     yield_cpu: bool = False,
 ) -> dict[str, Path]:
     """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
-    keeping permission bits; member -> file. CRCs and the sha256 of ``record``'s rows are checked
-    on the way (what is inflated anyway is also hashed: a member changed after the build is caught).
-    ``yield_cpu`` as for :func:`write_wheel`."""
+    keeping permission bits; member -> file. CRCs and the hashes and sizes of ``record``'s rows
+    are checked on the way (what is inflated anyway is also hashed: a member changed after the
+    build is caught). ``yield_cpu`` as for :func:`write_wheel`."""
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
         checked = [archive.getinfo(name) for name in check_only]
@@ -149,82 +155,192 @@ def extract_members(
     for target in written.values():
         target.parent.mkdir(parents=True, exist_ok=True)
     # The members repair copies as they are: inflated and hashed only, nothing written.
-    targets: dict[str, Path | None] = {**written, **dict.fromkeys(check_only)}
-    infos += checked
+    _inflate_all(source, [*infos, *checked], record, lambda info, head: written.get(info.filename), threads, yield_cpu)
+    return written
+
+
+def check_members(
+    source: Path,
+    infos: Sequence[zipfile.ZipInfo],
+    *,
+    record: Mapping[str, tuple[str, str, str]],
+    threads: int | None = None,
+) -> None:
+    """Inflate members ``infos`` of the (checked) wheel ``source`` to nothing, several at once, with
+    CRCs and ``record``'s hashes and sizes checked as in :func:`extract_members`."""
+    _inflate_all(source, infos, record, lambda info, head: None, threads, False)
+
+
+def scan_members(
+    source: Path,
+    infos: Sequence[zipfile.ZipInfo],
+    *,
+    record: Mapping[str, tuple[str, str, str]],
+    select: Callable[[bytes], bool],
+    work: Callable[[str, Path], T],
+    scratch: Path,
+    threads: int | None = None,
+) -> dict[str, T]:
+    """Inflate each member ``infos`` of the (checked) wheel ``source`` once, several at once, with
+    CRCs and ``record``'s hashes and sizes checked as in :func:`extract_members`. A member whose
+    first inflated bytes ``select`` accepts is also written to a file in ``scratch``, handed to
+    ``work(member, file)`` once its checks pass and removed after, so the disk holds one member
+    per thread; member -> what ``work`` returned, in the order of ``infos``. An error of ``work``
+    is raised only once every member has passed its checks: a member changed after the build is
+    reported before the damage it does."""
+    position = {info.filename: index for index, info in enumerate(infos)}
+    outcomes: dict[str, tuple[T | None, Exception | None]] = {}
+
+    def file_for(info: zipfile.ZipInfo, head: bytes) -> Path | None:
+        return scratch / str(position[info.filename]) if select(head) else None
+
+    def then(info: zipfile.ZipInfo, file: Path) -> None:
+        try:
+            outcomes[info.filename] = (work(info.filename, file), None)
+        except Exception as exc:  # raised below, after every member's checks
+            outcomes[info.filename] = (None, exc)
+        finally:
+            file.unlink()
+
+    _inflate_all(source, infos, record, file_for, threads, False, then)
+    ordered = sorted(outcomes.items(), key=lambda item: position[item[0]])
+    for _, (_, error) in ordered:
+        if error is not None:
+            raise error
+    return {name: result for name, (result, _) in ordered}  # type: ignore[misc]
+
+
+def _inflate_all(
+    source: Path,
+    infos: Sequence[zipfile.ZipInfo],
+    record: Mapping[str, tuple[str, str, str]],
+    file_for: Callable[[zipfile.ZipInfo, bytes], Path | None],
+    threads: int | None,
+    yield_cpu: bool,
+    then: Callable[[zipfile.ZipInfo, Path], None] | None = None,
+) -> None:
     workers = threads or len(os.sched_getaffinity(0))
     total = sum(info.file_size for info in infos)
+    # Largest first: the longest job starts at once. A member larger than a worker's share
+    # would leave the others idle: it is hashed and written beside its inflating. Each worker
+    # takes the next member when done (no future per member: a wheel may hold ten thousand).
+    queue = iter(sorted(infos, key=lambda i: -i.file_size))
+    taking = threading.Lock()
+    failed = threading.Event()
+
+    def worker() -> None:
+        while not failed.is_set():
+            with taking:
+                info = next(queue, None)
+            if info is None:
+                return
+            try:
+                beside = info.file_size >= _BEHIND_FROM and info.file_size * workers > total
+                _inflate(source, info, record.get(info.filename, ("", "", "")), file_for, then, beside)
+            except BaseException:
+                failed.set()  # one damaged member is enough: the rest need not be read
+                raise
+
     with ThreadPoolExecutor(max_workers=workers, initializer=_yield_cpu if yield_cpu else None) as pool:
-        # Largest first: the longest job starts at once. A member larger than a worker's share
-        # would leave the others idle: it is hashed and written beside its inflating.
-        for done in [
-            pool.submit(
-                _inflate,
-                source,
-                info,
-                targets[info.filename],
-                record.get(info.filename, ("", "", ""))[1],
-                info.file_size >= _BEHIND_FROM and info.file_size * workers > total,
-            )
-            for info in sorted(infos, key=lambda i: -i.file_size)
-        ]:
+        for done in [pool.submit(worker) for _ in range(workers)]:
             done.result()
-    return {name: target for name, target in targets.items() if target is not None}
 
 
-def _inflate(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
+def _inflate(
+    source: Path,
+    info: zipfile.ZipInfo,
+    row: tuple[str, str, str],
+    file_for: Callable[[zipfile.ZipInfo, bytes], Path | None],
+    then: Callable[[zipfile.ZipInfo, Path], None] | None,
+    beside: bool,
+) -> None:
     try:
-        _inflate_checked(source, info, target, recorded, beside)
+        target = _inflate_checked(source, info, row, file_for, beside)
     # zlib_ng's stub declares `error` an instance of Exception; at run time it is the class.
     except (zipfile.BadZipFile, zlib_ng.error) as exc:  # type: ignore[misc]
         raise RocwheelsError(
             f"{source}: member {info.filename} is damaged ({exc}): the file changed after it was written",
             fix="do not install, repair or publish this file; build or download the wheel again",
         ) from None
+    if target and then:
+        then(info, target)
 
 
-def _inflate_checked(source: Path, info: zipfile.ZipInfo, target: Path | None, recorded: str, beside: bool) -> None:
-    with open(source, "rb") as raw, target.open("wb") if target else open(os.devnull, "wb") as sink:
-        raw.seek(info.header_offset)
-        fields = _LOCAL.unpack(raw.read(_LOCAL.size))
-        raw.seek(fields[9] + fields[10], os.SEEK_CUR)
-        inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
-        if info.compress_type not in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
-            raise zipfile.BadZipFile(f"{source.name}: {info.filename} uses compression method {info.compress_type}")
-        crc = 0
-        digest = hashlib.sha256()
+def _inflate_checked(
+    source: Path,
+    info: zipfile.ZipInfo,
+    row: tuple[str, str, str],
+    file_for: Callable[[zipfile.ZipInfo, bytes], Path | None],
+    beside: bool,
+) -> Path | None:
+    """Inflate ``info`` with its CRC and RECORD ``row`` checked, into the file ``file_for`` names
+    once it has seen the first inflated bytes (None: nowhere); that file."""
+    algorithm, _, _ = row[1].partition("=")
+    # A RECORD row's algorithm is checked by check_wheel; one hashlib does not know is not checked here.
+    digest = hashlib.new(algorithm) if algorithm in hashlib.algorithms_available else None
+    with open(source, "rb") as raw:
+        pieces = _inflated(raw, info, source)
+        head = b""
+        while len(head) < _HEAD and (piece := next(pieces, b"")):
+            head += piece
+        target = file_for(info, head)
+        crc = length = 0
+        with target.open("wb") if target else contextlib.nullcontext() as sink:
 
-        def keep(data: bytes) -> None:
-            digest.update(data)
-            sink.write(data)
+            def keep(data: bytes) -> None:
+                if digest:
+                    digest.update(data)
+                if sink:
+                    sink.write(data)
 
-        # ``beside``: hashed and written a block behind the inflating, in a thread of its own (both
-        # let go of the GIL), for a member that is most of its wheel (benchmarks/README.md).
-        with _one_behind(beside) as later:
-            remaining = info.compress_size
-            while remaining:
-                block = raw.read(min(remaining, 1 << 20))
-                if not block:
-                    raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
-                remaining -= len(block)
-                data = inflater.decompress(block) if inflater else block
-                crc = zlib_ng.crc32(data, crc)
-                later(keep, data)
-            if inflater:
-                data = inflater.flush()
-                crc = zlib_ng.crc32(data, crc)
-                later(keep, data)
-    if crc != info.CRC:
+            # ``beside``: hashed and written a piece behind the inflating, in a thread of its own
+            # (both let go of the GIL), for a member that is most of its wheel (benchmarks/README.md).
+            with _one_behind(beside) as later:
+                for data in itertools.chain((head,), pieces):
+                    crc = zlib_ng.crc32(data, crc)
+                    length += len(data)
+                    later(keep, data)
+    if crc != info.CRC or length != info.file_size:
         raise zipfile.BadZipFile(f"{source.name}: {info.filename} fails its CRC check")
-    if recorded.startswith("sha256=") and recorded != "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(
-        b"="
-    ).decode("ascii"):
+    if (digest and row[1] != _format_hash(digest)) or (row[2] and row[2] != str(length)):
         raise RocwheelsError(
-            f"{source}: member {info.filename} does not match its RECORD hash: it changed after the wheel was built",
+            f"{source}: member {info.filename} does not match its RECORD hash or size: it changed after the wheel was built",
             fix="do not install, repair or publish this file; rebuild the wheel from its recipe",
         )
     if target:
         mode = (info.external_attr >> 16) & 0o777
         target.chmod((mode or 0o644) | 0o600)  # stay writable: the caller may patch it
+    return target
+
+
+def _inflated(raw: io.BufferedReader, info: zipfile.ZipInfo, source: Path) -> Iterator[bytes]:
+    """The inflated bytes of member ``info``, at most ``_STEP`` at a time whatever its compression ratio."""
+    raw.seek(info.header_offset)
+    fields = _LOCAL.unpack(raw.read(_LOCAL.size))
+    raw.seek(fields[9] + fields[10], os.SEEK_CUR)
+    if info.compress_type not in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
+        raise zipfile.BadZipFile(f"{source.name}: {info.filename} uses compression method {info.compress_type}")
+    inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+    remaining = info.compress_size
+    while remaining:
+        block = raw.read(min(remaining, _STEP // 4 if inflater else _STEP))
+        if not block:
+            raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
+        remaining -= len(block)
+        while block:
+            data = inflater.decompress(block, _STEP) if inflater else block
+            block = inflater.unconsumed_tail if inflater else b""
+            if data:
+                yield data
+    if inflater:
+        while data := inflater.decompress(b"", _STEP):
+            yield data
+        if not inflater.eof:
+            raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends before its deflate stream does")
+
+
+def _format_hash(digest: Any) -> str:  # a hashlib object
+    return f"{digest.name}={base64.urlsafe_b64encode(digest.digest()).rstrip(b'=').decode('ascii')}"
 
 
 @contextmanager
