@@ -253,15 +253,18 @@ def _compile(
     }
     if measured["stopped"]:
         detail = f"stopped after {job.unit_time_limit:g} s: {command}"
-        return UnitResult(**fields, status="stopped", detail=detail)
-    if measured["returncode"] != 0:
+        unit = UnitResult(**fields, status="stopped", detail=detail)
+    elif measured["returncode"] != 0:
         detail = first_error(output) or f"exit code {measured['returncode']}: {command}"
-        return UnitResult(**fields, status="failed", detail=detail)
-    found = _code_objects(one.output)
-    if one.target not in found:
+        unit = UnitResult(**fields, status="failed", detail=detail)
+    else:
+        found = _code_objects(one.output)
+        if one.target in found:
+            return UnitResult(**fields, status="compiled", code_objects=found)
         detail = f"no code object for {one.target} in {one.output.name} (found: {', '.join(found) or 'none'})"
-        return UnitResult(**fields, status="no code object", detail=detail, code_objects=found)
-    return UnitResult(**fields, status="compiled", code_objects=found)
+        unit = UnitResult(**fields, status="no code object", detail=detail, code_objects=found)
+    logger.warning("%s for %s: %s", one.unit, one.target, unit.detail)
+    return unit
 
 
 def _code_objects(output: Path) -> tuple[str, ...]:

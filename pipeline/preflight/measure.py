@@ -31,6 +31,9 @@ def _stop_group() -> None:
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     _stop_group()
+    if _compiler is not None:
+        with contextlib.suppress(ChildProcessError):  # reaped already
+            os.waitpid(_compiler.pid, 0)
     os._exit(128 + signum)
 
 
