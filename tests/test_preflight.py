@@ -77,20 +77,28 @@ def test_a_unit_past_its_time_limit_is_stopped_and_named(
 
 
 def test_a_recipe_without_preflight_data_says_so(tmp_path: Path) -> None:
+    """Preflighted up to its compilation; beta's dependency alpha is not built yet (CI's first stage),
+    so its build environment goes without it, and the report says that too."""
     project = small_project(tmp_path)
     layout = Layout(project.recipes, project.wheelhouse, project.work)
     line = load_lock(project.recipes).line("rocm9.9")
     plan = make_plan(
         load_recipes(project.recipes),
-        ["alpha"],
+        ["beta"],
         recipes_dir=project.recipes,
         line_name="rocm9.9",
         line=line,
         targets=parse_targets("gfx90a"),
     )
-    (report,) = preflight_plan(plan, layout, "local")
-    assert report.ok and report.note == NOT_DESCRIBED and report.units == () and report.projection is None
-    assert [(step.name, step.status) for step in report.steps] == [("source", "done"), ("build requirements", "done")]
+    alpha, beta = preflight_plan(plan, layout, "local")
+    for report in (alpha, beta):
+        assert report.ok and report.units == () and report.projection is None
+        assert [(step.name, step.status) for step in report.steps] == [
+            ("source", "done"),
+            ("build requirements", "done"),
+        ]
+    assert alpha.note == NOT_DESCRIBED
+    assert beta.note.startswith(NOT_DESCRIBED + "; built without alpha==1.0+rocm9.9 (not in the wheelhouse yet)")
 
 
 @pytest.mark.parametrize(

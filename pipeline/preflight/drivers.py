@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pipeline.build.container import builder_image, require_pinned
 from pipeline.build.engine import Engine, detect_engine
-from pipeline.build.local import accepted_wheels
+from pipeline.build.local import find_wheels
 from pipeline.build.sources import fetch_build_wheels, prepare_source
 from pipeline.config.layout import Layout, fresh_dir
 from pipeline.config.rocm_wheels import BUILDER_ROCM_WHEELS
@@ -88,10 +88,26 @@ def preflight_recipe(step: BuildDescription, layout: Layout, runner: Runner) -> 
         failed = Step(name="source", status="failed", seconds=time.monotonic() - started, detail=exc.message)
         return _report(step, (failed, Step(name=COMPILES, status="not run")))
     try:
-        return runner(step, source, work, log_file).with_steps_before([source_step])
-    except RocwheelsError as exc:  # before the build environment: a dependency's wheel, the builder image
+        report = runner(step, source, work, log_file).with_steps_before([source_step])
+    except RocwheelsError as exc:  # before the build environment: the builder image, a build wheel's download
         failed = Step(name="build requirements", status="failed", detail=exc.message.splitlines()[0])
         return _report(step, (source_step, failed, Step(name=COMPILES, status="not run")))
+    built = {dependency for dependency, _ in _built_dependencies(step, layout)}
+    missing = [f"{name}=={version}" for name, version in step.dependencies if (name, version) not in built]
+    if not missing:
+        return report
+    # A preflight runs before the builds (CI's first stage): the recipes it depends on are not built yet.
+    note = (
+        f"built without {', '.join(missing)} (not in the wheelhouse yet): "
+        "units that include its headers cannot compile in this preflight"
+    )
+    return report.model_copy(update={"note": "; ".join(filter(None, (report.note, note)))})
+
+
+def _built_dependencies(step: BuildDescription, layout: Layout) -> list[tuple[tuple[str, str], list[Path]]]:
+    """The depends_on builds the wheelhouse holds, with their wheels."""
+    found = [(dependency, find_wheels(layout.wheelhouse, *dependency)) for dependency in step.dependencies]
+    return [(dependency, wheels) for dependency, wheels in found if wheels]
 
 
 def _report(step: BuildDescription, steps: tuple[Step, ...]) -> RecipePreflight:
@@ -105,13 +121,13 @@ def _report(step: BuildDescription, steps: tuple[Step, ...]) -> RecipePreflight:
 def _local_runner(layout: Layout, unit_time_limit: float | None) -> Runner:
     def preflight_here(step: BuildDescription, source: Path, work: Path, log_file: Path) -> RecipePreflight:
         logger = recipe_logger(step.name)
-        for name, version in step.dependencies:
-            accepted_wheels(layout.wheelhouse, name, version)  # a missing one is named, not left to pip
+        built = [dependency for dependency, _ in _built_dependencies(step, layout)]
         installs = installs_for(
             step,
             constraints=str(step.constraints) if step.constraints else None,
             build_wheels=[str(path) for path in fetch_build_wheels(step.recipe, layout.recipes_dir, logger)],
-            find_links=[str(layout.wheelhouse)] if step.dependencies else [],
+            find_links=[str(layout.wheelhouse)] if built else [],
+            dependencies=built,
         )
         job = job_for(step, python=sys.executable, installs=installs, unit_time_limit=unit_time_limit)
         return preflight_source(job, source, work, log_file=log_file, logger=logger)
@@ -133,7 +149,7 @@ def _container_runner(plan: Plan, layout: Layout, unit_time_limit: float | None,
             image = builder_image(plan.line_name, plan.line, engine, recipes_dir=layout.recipes_dir, log_file=log_file)
         helpers = work / HELPERS
         inside = f"{CONTAINER_PROJECT}/{HELPERS}"
-        constraints, build_wheels = _stage(step, layout, helpers, inside)
+        constraints, build_wheels, built = _stage(step, layout, helpers, inside)
         tag = python_tag(step.python[0])
         job = job_for(
             step,
@@ -143,9 +159,10 @@ def _container_runner(plan: Plan, layout: Layout, unit_time_limit: float | None,
                 constraints=constraints,
                 build_wheels=build_wheels,
                 find_links=[
-                    *([f"{inside}/deps"] if step.dependencies else []),
+                    *([f"{inside}/deps"] if built else []),
                     *([BUILDER_ROCM_WHEELS] if plan.line.rocm_wheels else []),
                 ],
+                dependencies=built,
             ),
             unit_time_limit=unit_time_limit,
         )
@@ -186,23 +203,26 @@ def _container_runner(plan: Plan, layout: Layout, unit_time_limit: float | None,
     return preflight_in_image
 
 
-def _stage(step: BuildDescription, layout: Layout, helpers: Path, inside: str) -> tuple[str | None, list[str]]:
-    """The constraints, depends_on wheels and build wheels in ``helpers``; (constraints, build wheels)
-    as the container sees them."""
+def _stage(
+    step: BuildDescription, layout: Layout, helpers: Path, inside: str
+) -> tuple[str | None, list[str], list[tuple[str, str]]]:
+    """The constraints, the depends_on wheels built so far and the build wheels in ``helpers``:
+    (constraints and build wheels as the container sees them, the dependencies staged)."""
     (helpers / "deps").mkdir(parents=True)
     constraints = None
     if step.constraints:
         shutil.copy2(step.constraints, helpers / "build-constraints.txt")
         constraints = f"{inside}/build-constraints.txt"
-    for name, version in step.dependencies:
-        for wheel in accepted_wheels(layout.wheelhouse, name, version):
+    built = _built_dependencies(step, layout)
+    for _, wheels in built:
+        for wheel in wheels:
             shutil.copy2(wheel, helpers / "deps")
     (helpers / "build-wheels").mkdir()
     build_wheels = []
     for wheel in fetch_build_wheels(step.recipe, layout.recipes_dir, recipe_logger(step.name)):
         shutil.copy2(wheel, helpers / "build-wheels")
         build_wheels.append(f"{inside}/build-wheels/{wheel.name}")
-    return constraints, build_wheels
+    return constraints, build_wheels, [dependency for dependency, _ in built]
 
 
 def run_job(job_file: Path, source: Path, report: Path, log_file: Path) -> RecipePreflight:

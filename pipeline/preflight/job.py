@@ -78,10 +78,16 @@ def job_for(
 
 
 def installs_for(
-    step: BuildDescription, *, constraints: str | None, build_wheels: Sequence[str], find_links: Sequence[str]
+    step: BuildDescription,
+    *,
+    constraints: str | None,
+    build_wheels: Sequence[str],
+    find_links: Sequence[str],
+    dependencies: Sequence[tuple[str, str]],
 ) -> list[list[str]]:
     """The build environment's installs, as a build makes it: the line's hashed constraints first,
-    then the recipe's build wheels, a `wheels` line's ROCm, its requirements and dependencies."""
+    then the recipe's build wheels, a `wheels` line's ROCm, its requirements and the ``dependencies``
+    (those of its depends_on builds the wheelhouse holds)."""
     installs: list[list[str]] = []
     if constraints:
         installs.append(["--require-hashes", "--no-deps", "-r", constraints])
@@ -89,7 +95,7 @@ def installs_for(
         installs.append(["--no-compile", *build_wheels])
     if step.rocm_wheels:
         installs.append(["--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build])
-    pins = [f"{name}=={version}" for name, version in step.dependencies]
+    pins = [f"{name}=={version}" for name, version in dependencies]
     wanted = [*step.recipe.build.requires, *pins]
     if wanted:
         installs.append([*(arg for folder in find_links for arg in ("--find-links", folder)), *wanted])
