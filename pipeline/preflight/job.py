@@ -156,7 +156,7 @@ def preflight_source(
 
     started = time.monotonic()
     try:
-        groups, compiles = sample_compiles(job, source, work / "objects", _python_include(venv, log_file, logger))
+        groups, compiles = sample_compiles(job, source, work / "objects", _python_include(venv, logger))
         units = tuple(_compile(one, job, source, env, work, log_file, logger) for one in compiles)
     except RocwheelsError as exc:
         steps.append(Step(name=COMPILES, status="failed", detail=_cause(exc, log_file)))
@@ -294,9 +294,9 @@ def _build_environment(job: PreflightJob, venv: Path, log_file: Path, logger: Re
     return f"{len(job.installs)} install(s)"
 
 
-def _python_include(venv: Path, log_file: Path, logger: RecipeLogger) -> str:
+def _python_include(venv: Path, logger: RecipeLogger) -> str:
     code = "import sysconfig; print(sysconfig.get_paths()['include'])"
-    return run([venv / "bin" / "python", "-c", code], log_file=None, logger=logger, quiet=True).output.strip()
+    return run([venv / "bin" / "python", "-c", code], logger=logger, quiet=True).output.strip()
 
 
 def _timed(name: str, action: Callable[[], str], log_file: Path) -> Step:
