@@ -7,6 +7,8 @@
 #                                    act and gitlab-ci-local, which run the CI templates, too)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
+#   make preflight ARCH=gfx942       build nothing: each recipe up to its compilation, then a sample of
+#                                    its units compiled per target, measured and projected (UNIT_TIME_LIMIT=S)
 #   make ci-matrix FORMAT=github OUTPUT="$$GITHUB_OUTPUT"   the CI jobs (.github/workflows/wheels.yml, .gitlab-ci.yml)
 #   make publish REPOSITORY=URL      verify the wheelhouse, upload it (TWINE_USERNAME / TWINE_PASSWORD)
 SHELL := bash
@@ -23,6 +25,7 @@ NO_PIN ?=
 FORMAT ?= json
 OUTPUT ?=
 REPOSITORY ?=
+UNIT_TIME_LIMIT ?=
 # hipcc would pick an installed nvcc without it.
 export HIP_PLATFORM := amd
 # Debian packages the real builds and tests use: the HIP compiler, podman and a Docker engine for
@@ -33,7 +36,7 @@ SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis
 
 FORCE:
 
-.PHONY: FORCE venv test-tools system-deps lint check test wheels ci-matrix publish demo bench lock-check clean
+.PHONY: FORCE venv test-tools system-deps lint check test wheels preflight ci-matrix publish demo bench lock-check clean
 
 # The venv is made again when PYTHON names another interpreter (a stamp records which one made it);
 # pyproject.toml's requires-python is the floor, said in one line before pip would say it in forty.
@@ -100,6 +103,12 @@ lock-check: venv
 wheels: venv
 	$(BIN)/rocwheels wheels --arch '$(ARCH)' --driver '$(DRIVER)' $(if $(RECIPES),--recipes '$(RECIPES)') $(if $(ROCM),--rocm '$(ROCM)') \
 	  $(if $(PYTHON_VERSION),--python '$(PYTHON_VERSION)') $(if $(FROM_INDEX),--from-index '$(FROM_INDEX)') $(if $(NO_PIN),--no-pin)
+
+# The same selection as `make wheels`; builds nothing, exits 1 when a recipe's preflight fails.
+preflight: venv
+	$(BIN)/rocwheels wheels --preflight --arch '$(ARCH)' --driver '$(DRIVER)' $(if $(RECIPES),--recipes '$(RECIPES)') \
+	  $(if $(ROCM),--rocm '$(ROCM)') $(if $(PYTHON_VERSION),--python '$(PYTHON_VERSION)') $(if $(NO_PIN),--no-pin) \
+	  $(if $(UNIT_TIME_LIMIT),--unit-time-limit '$(UNIT_TIME_LIMIT)')
 
 ci-matrix: venv
 	$(BIN)/rocwheels ci matrix --arch '$(ARCH)' --driver '$(DRIVER)' --format '$(FORMAT)' $(if $(RECIPES),--recipes '$(RECIPES)') \

@@ -255,6 +255,18 @@ def _wheel_paths(wheels: tuple[Path, ...]) -> list[Path]:
     envvar="ROCWHEELS_REUSE_INDEX",
     help="PEP 503 simple URL holding wheels with signed provenance records, or the upload URL of a rocwheels serve index: take the exact builds from there",
 )
+@click.option(
+    "--preflight",
+    is_flag=True,
+    help="build nothing: do what a build does up to its compilation, compile a sample of each recipe's units "
+    "per target, and report their memory and time and the full build's projection",
+)
+@click.option(
+    "--unit-time-limit",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="with --preflight: seconds one unit may compile before it is stopped (default: the recipe's, else 600)",
+)
 @timeout_option
 @click.pass_obj
 def wheels_command(
@@ -268,10 +280,15 @@ def wheels_command(
     force: bool,
     no_pin: bool,
     from_index: str | None,
+    preflight: bool,
+    unit_time_limit: float | None,
     timeout: float,
 ) -> None:
-    """Build, repair and verify: only verified wheels reach the wheelhouse."""
+    """Build, repair and verify: only verified wheels reach the wheelhouse (--preflight: a trial that builds nothing)."""
     from pipeline.wheels import make_wheels, summary_table
+
+    if unit_time_limit is not None and not preflight:
+        raise click.UsageError("--unit-time-limit applies to --preflight only")
 
     plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
     # Trust on first use, where a person runs it: CI must build from what was reviewed and committed.
@@ -281,6 +298,9 @@ def wheels_command(
 
         if pin_on_first_use(plan.line_name, plan.line, obj.layout.recipes_dir, detect_engine):
             plan = select_plan(obj.layout, recipes, arch, rocm, driver, jobs, python, building=True)
+    if preflight:
+        _preflight(plan, obj.layout, driver, unit_time_limit)
+        return
     with _work_dir_lock(obj.layout), wheelhouse_lock(obj.layout.wheelhouse):
         if from_index and not force:
             from pipeline.ci import fetch_from_index
@@ -290,6 +310,35 @@ def wheels_command(
     summary_table(outcomes)
     if any(o.status in ("failed", "skipped") for o in outcomes):
         raise RocwheelsError("some recipes failed; their logs are in " + str(obj.layout.logs))
+
+
+def _preflight(plan: Plan, layout: Layout, driver: str, unit_time_limit: float | None) -> None:
+    from pipeline.preflight.drivers import preflight_plan, report_path
+    from pipeline.preflight.report import render
+
+    with _work_dir_lock(layout):
+        reports = preflight_plan(plan, layout, driver, unit_time_limit=unit_time_limit)
+    render(reports)
+    failed = [report.recipe for report in reports if not report.ok]
+    if failed:
+        raise RocwheelsError(
+            f"preflight failed for {', '.join(failed)}",
+            fix="see the table above; reports and logs: "
+            + ", ".join(str(report_path(layout, name)) for name in failed)
+            + " (and the .preflight.log beside each)",
+        )
+
+
+@cli.command("preflight-job", hidden=True)
+@click.argument("job_file", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.option("--source", type=click.Path(path_type=Path, file_okay=False, exists=True), required=True)
+@click.option("--report", type=click.Path(path_type=Path, dir_okay=False), required=True)
+@click.option("--log", "log_file", type=click.Path(path_type=Path, dir_okay=False), required=True)
+def preflight_job_command(job_file: Path, source: Path, report: Path, log_file: Path) -> None:
+    """A recipe's preflight staged by `wheels --preflight` (run in the builder image): the report to REPORT."""
+    from pipeline.preflight.drivers import run_job
+
+    run_job(job_file, source, report, log_file)
 
 
 @cli.command("repair")

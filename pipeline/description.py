@@ -23,7 +23,15 @@ from pipeline.build.jobs import BuildProfile, HostCapacity, decide_jobs
 from pipeline.config import lock as lockmod
 from pipeline.config.layout import Layout
 from pipeline.config.lock import Line, rocm_values
-from pipeline.config.recipes import LOCK_FILE, Recipe, RecipeFile, load_recipes, recipe_path
+from pipeline.config.recipes import (
+    LOCK_FILE,
+    UNIT_PLACEHOLDERS,
+    Preflight,
+    Recipe,
+    RecipeFile,
+    load_recipes,
+    recipe_path,
+)
 from pipeline.config.rocm_wheels import index_urls, link_packages, requires_dist
 from pipeline.config.targets import GpuTarget, check_supported, format_targets, parse_targets
 from pipeline.config.toolchain import python_tag
@@ -58,6 +66,9 @@ class BuildDescription:
     repair: RepairSettings
     expect: Expectations  # what verify checks, the smoke test's environment and requirements included
     timeout_minutes: int  # a CI job's time limit for building, repairing and verifying one Python's wheel
+    # How the recipe's translation units are compiled, its generate commands and flags filled in
+    # (only the per-unit placeholders left); None where the recipe does not say.
+    preflight: Preflight | None = None
     # The PEP 825 variant the wheels are published as (label, amd :: gfx_arch values); None for a
     # wheel without GPU code or whose targets are not known.
     variant: WheelVariant | None = None
@@ -111,6 +122,8 @@ class BuildDescription:
                 else None
             ),
             "timeout_minutes": self.timeout_minutes,
+            "jobs": self.jobs,
+            "preflight": self.preflight.model_dump(mode="json") if self.preflight else None,
             "repair": self.repair.document(),
             "verify": {
                 "targets": list(expect.targets) if expect.targets is not None else None,
@@ -261,6 +274,20 @@ def resolve(
         timeout_minutes=recipe.build.timeout_minutes,
         jobs=decision.jobs,
         jobs_note=decision.note,
+        preflight=_resolved_preflight(recipe.preflight, values),
+    )
+
+
+def _resolved_preflight(preflight: Preflight | None, values: Mapping[str, str]) -> Preflight | None:
+    """``preflight`` with the plan's placeholders filled in; ``{target}`` and the like stay for each unit."""
+    if preflight is None:
+        return None
+    unit_values = {**values, **{name: "{" + name + "}" for name in UNIT_PLACEHOLDERS}}
+    return preflight.model_copy(
+        update={
+            "generate": tuple(command.format_map(values) for command in preflight.generate),
+            "flags": tuple(flag.format_map(unit_values) for flag in preflight.flags),
+        }
     )
 
 

@@ -238,9 +238,13 @@ def test_both_templates_start_with_the_preflight_and_nothing_fans_out_before_it(
         "make lock-check",
         "make ci-matrix FORMAT=gitlab OUTPUT=wheels-pipeline.yml",
     ]
-    assert (
-        gitlab["wheels"]["needs"] == ["preflight"] and gitlab["wheels"]["trigger"]["include"][0]["job"] == "preflight"
-    )
+    assert gitlab["wheels"]["needs"] == ["preflight", "compile-preflight"]
+    assert gitlab["wheels"]["trigger"]["include"][0]["job"] == "preflight"
+    # The recipes' own units compiled (make preflight) before any build job: GitHub's first stage needs it too.
+    assert gitlab["compile-preflight"]["script"] == ["make preflight"]
+    assert gitlab["compile-preflight"]["needs"] == ["preflight"] and gitlab["stages"][1] == "compile-preflight"
+    assert [step.get("run") for step in workflow["compile-preflight"]["steps"] if "run" in step] == ["make preflight"]
+    assert all("compile-preflight" in needs(name) for name in workflow if name.startswith("stage"))
 
 
 def test_every_job_has_runner_tags_an_image_and_a_time_limit_from_its_recipe() -> None:

@@ -170,7 +170,12 @@ def test_act_runs_the_github_workflow_to_a_publish_and_a_rerun_publishes_nothing
 ) -> None:
     index_url, packages = index
     first = run_act(checkout, tmp_path / "artifacts-1", index_url, signing_key[1], host_line[0], canary_targets[0])
-    assert set(re.findall(r"\[wheels/(\w+)\s*\] 🏁  Job succeeded", first)) == {"preflight", "stage1", "publish"}
+    assert set(re.findall(r"\[wheels/([\w-]+)\s*\] 🏁  Job succeeded", first)) == {
+        "preflight",
+        "compile-preflight",
+        "stage1",
+        "publish",
+    }
     artifact = tmp_path / "artifacts-1" / f"wheels-rocm-canary-py{PYTHON}"
     (wheel,) = artifact.glob("*.whl")
     assert (artifact / "logs" / "rocm-canary.log").is_file()
@@ -220,9 +225,13 @@ def test_gitlab_ci_local_runs_the_pipeline_to_a_publish_and_a_rerun_publishes_no
     index_url, packages = index
     first = run_gitlab(checkout, index_url, signing_key[1], host_line[0], canary_targets[0])
     passed = set(re.findall(r"PASS\s+(.+?)\s*$", first, re.MULTILINE))
-    assert passed == {"preflight", "wheels", f"[wheels] -> rocm-canary py{PYTHON}", "[wheels] -> publish"}, first[
-        -3000:
-    ]
+    assert passed == {
+        "preflight",
+        "compile-preflight",
+        "wheels",
+        f"[wheels] -> rocm-canary py{PYTHON}",
+        "[wheels] -> publish",
+    }, first[-3000:]
     (wheel,) = (checkout / ".gitlab-ci-local" / "artifacts").glob("rocm-canary*/wheelhouse/*.whl")
     assert served(packages) == {
         wheel.name: wheel.read_bytes(),

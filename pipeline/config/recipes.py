@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 import string
-from pathlib import Path
-from typing import Annotated
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Literal
 from urllib.parse import unquote, urlsplit
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
-from pydantic import AfterValidator, PositiveInt, StrictBool, field_validator, model_validator
+from pydantic import AfterValidator, PositiveFloat, PositiveInt, StrictBool, field_validator, model_validator
 
 from pipeline.config.models import Model, plain_name, read_toml, validate
 from pipeline.config.targets import known_processor_list
@@ -186,6 +186,62 @@ class Smoke(Model):
         return [f"{setup}import {module}" for module in self.imports] + [setup + code for code in codes if code]
 
 
+# What ``{...}`` in a [preflight] flag may refer to besides the plan's placeholders: filled per unit.
+UNIT_PLACEHOLDERS = {
+    "target": "the GPU processor this unit is compiled for, e.g. gfx942 (one compile per requested target)",
+    "python_include": "the include folder of the build environment's Python (Python.h)",
+}
+DEFAULT_UNIT_TIME_LIMIT = 600.0
+
+
+def _source_glob(pattern: str) -> str:
+    """A glob inside the source folder: relative, no ``..``."""
+    path = PurePosixPath(pattern)
+    if not pattern or path.is_absolute() or ".." in path.parts:
+        raise ValueError(f"{pattern!r} must be a glob relative to the source folder, without '..'")
+    return pattern
+
+
+SourceGlob = Annotated[str, AfterValidator(_source_glob)]
+
+
+class PreflightSample(Model):
+    """One group of translation units and how many of them the preflight compiles (cheapest first)."""
+
+    name: str
+    units: SourceGlob
+    count: PositiveInt = 1
+
+
+class Preflight(Model):
+    """How the recipe's translation units and their compile commands are found, for ``wheels --preflight``:
+    the sources after ``generate``, each compiled alone as ``compiler *flags -c SOURCE -o OBJECT``."""
+
+    generate: tuple[str, ...] = ()  # run in the source folder after [build] pre (a kernel generator, hipify)
+    units: tuple[SourceGlob, ...]  # every translation unit of the full build
+    sample: tuple[PreflightSample, ...] = ()
+    compiler: str = "hipcc"
+    flags: tuple[str, ...] = ()
+    # Variables of the build environment whose value (split as a shell splits words) the package's
+    # build adds to its compile flags (the canary's ROCM_CANARY_HIPCC_FLAGS).
+    env_flags: tuple[str, ...] = ()
+    language: Literal["hip"] | None = None  # "hip": -x hip for units whose name does not say so (.cpp)
+    unit_time_limit: PositiveFloat = DEFAULT_UNIT_TIME_LIMIT
+
+    @model_validator(mode="after")
+    def _checked(self) -> Preflight:
+        if not self.units:
+            raise ValueError('units: name the globs of every translation unit, e.g. units = ["csrc/**/*.cpp"]')
+        names = [group.name for group in self.sample]
+        if len(set(names)) != len(names):
+            raise ValueError(f"sample: group names must differ (got {', '.join(names)})")
+        for index, command in enumerate(self.generate):
+            _check_placeholders(command, f"generate[{index}]")
+        for index, flag in enumerate(self.flags):
+            _check_placeholders(flag, f"flags[{index}]", allowed=(*PLACEHOLDERS, *UNIT_PLACEHOLDERS))
+        return self
+
+
 def _env_placeholders(env: dict[str, str]) -> dict[str, str]:
     for key, value in env.items():
         _check_placeholders(value, key)
@@ -231,6 +287,7 @@ class RecipeFile(Model):
     depends_on: tuple[str, ...] = ()
     repair: Repair = Repair()
     smoke: Smoke
+    preflight: Preflight | None = None
     versions: dict[str, Release]
 
     @field_validator("versions")
@@ -278,6 +335,7 @@ class RecipeFile(Model):
             depends_on=self.depends_on,
             repair=self.repair,
             smoke=self.smoke,
+            preflight=self.preflight,
             patches=tuple(sorted(str(p.relative_to(recipes_dir)) for p in patches.glob("*.patch")))
             if patches.is_dir()
             else (),
@@ -299,6 +357,7 @@ class Recipe(Model):
     depends_on: tuple[str, ...] = ()
     repair: Repair = Repair()
     smoke: Smoke
+    preflight: Preflight | None = None
     patches: tuple[str, ...] = ()  # relative to the recipes folder, applied in this order
     gpu_code: bool = True  # False when built by a targets.fallback that compiles no GPU code
 

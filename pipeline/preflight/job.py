@@ -1,0 +1,314 @@
+"""One recipe's preflight once its source is laid out, wherever it runs: the build environment,
+the pre-build and generate commands, then the sample units compiled per target, each measured alone.
+
+The host makes the :class:`PreflightJob` from the build description (:func:`job_for`); the local
+driver runs :func:`preflight_source` with it, the container driver stages it as JSON and runs the
+same function in the builder image (``rocwheels preflight-job``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.build.diagnose import first_error, first_error_in
+from pipeline.config.models import Model
+from pipeline.config.recipes import DEFAULT_UNIT_TIME_LIMIT, Preflight
+from pipeline.config.toolchain import HIP_ENV
+from pipeline.description import BuildDescription
+from pipeline.errors import CommandError, RocwheelsError
+from pipeline.preflight.report import NOT_DESCRIBED, REST, Group, RecipePreflight, Step, UnitResult, project
+from pipeline.util.cmd import run
+from pipeline.util.log import RecipeLogger
+from pipeline.wheel.elf import read_elf
+from pipeline.wheel.offload import gpu_targets, parse_fatbin
+
+COMPILES = "sample compiles"
+
+
+class PreflightJob(Model):
+    """What one recipe's preflight needs once its source is laid out (made by :func:`job_for`)."""
+
+    recipe: str
+    version: str
+    line: str
+    targets: tuple[str, ...]  # the processors its units are compiled for
+    jobs: int
+    env: dict[str, str]
+    pre: tuple[str, ...]
+    python: str  # the interpreter the build environment is made from
+    installs: tuple[tuple[str, ...], ...]  # `pip install` arguments, in order
+    preflight: Preflight | None
+    unit_time_limit: float
+
+
+def job_for(
+    step: BuildDescription,
+    *,
+    python: str,
+    installs: Sequence[Sequence[str]],
+    unit_time_limit: float | None,
+) -> PreflightJob:
+    """The preflight job of ``step``: every fact from its description; only where things are differs by driver.
+
+    Units compile for the requested targets the recipe's own [targets] supports; a fallback (another
+    backend, say Triton) does not compile them.
+    """
+    supported = step.recipe.targets.supported
+    preflight = step.preflight
+    return PreflightJob(
+        recipe=step.name,
+        version=step.wheel_version,
+        line=step.line_name,
+        targets=tuple(t.processor for t in step.targets if t.processor in supported) if step.recipe.gpu_code else (),
+        jobs=step.jobs,
+        env=step.env,
+        pre=step.pre,
+        python=python,
+        installs=tuple(tuple(args) for args in installs),
+        preflight=preflight,
+        unit_time_limit=unit_time_limit or (preflight.unit_time_limit if preflight else DEFAULT_UNIT_TIME_LIMIT),
+    )
+
+
+def installs_for(
+    step: BuildDescription,
+    *,
+    constraints: str | None,
+    build_wheels: Sequence[str],
+    find_links: Sequence[str],
+    dependencies: Sequence[tuple[str, str]],
+) -> list[list[str]]:
+    """The build environment's installs, as a build makes it: the line's hashed constraints first,
+    then the recipe's build wheels, a `wheels` line's ROCm, its requirements and the ``dependencies``
+    (those of its depends_on builds the wheelhouse holds)."""
+    installs: list[list[str]] = []
+    if constraints:
+        installs.append(["--require-hashes", "--no-deps", "-r", constraints])
+    if build_wheels:
+        installs.append(["--no-compile", *build_wheels])
+    if step.rocm_wheels:
+        installs.append(["--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build])
+    pins = [f"{name}=={version}" for name, version in dependencies]
+    wanted = [*step.recipe.build.requires, *pins]
+    if wanted:
+        installs.append([*(arg for folder in find_links for arg in ("--find-links", folder)), *wanted])
+    return installs
+
+
+@dataclass(frozen=True)
+class SampleCompile:
+    """One sample unit's compile for one target, as the build would run it (cwd: the source folder)."""
+
+    unit: str
+    group: str
+    target: str
+    argv: tuple[str, ...]
+    output: Path
+
+
+def preflight_source(
+    job: PreflightJob, source: Path, work: Path, *, log_file: Path, logger: RecipeLogger
+) -> RecipePreflight:
+    """Everything a build of ``job`` does after laying out ``source``, then its sample compiles."""
+    report = RecipePreflight(recipe=job.recipe, version=job.version, line=job.line, targets=job.targets)
+    steps: list[Step] = []
+    venv = work / "venv"
+    env = {
+        **HIP_ENV,
+        **job.env,
+        "VIRTUAL_ENV": str(venv),
+        "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+
+    def shell(commands: Sequence[str]) -> Callable[[], str]:
+        def action() -> str:
+            for command in commands:
+                run(["bash", "-euo", "pipefail", "-c", command], cwd=source, env=env, log_file=log_file, logger=logger)
+            return f"{len(commands)} command(s)"
+
+        return action
+
+    # The steps a build of this recipe has (no pre-build step for a recipe without one), in order.
+    actions: dict[str, Callable[[], str]] = {
+        "build requirements": lambda: _build_environment(job, venv, log_file, logger)
+    }
+    if job.pre:
+        actions["pre-build commands"] = shell(job.pre)
+    if job.preflight is not None and job.preflight.generate:
+        actions["generate"] = shell(job.preflight.generate)
+    for name, action in actions.items():
+        steps.append(_timed(name, action, log_file))
+        if steps[-1].status == "failed":
+            later = [*list(actions)[len(steps) :], *([COMPILES] if job.preflight else [])]
+            return report.model_copy(update={"steps": (*steps, *(Step(name=n, status="not run") for n in later))})
+    if job.preflight is None:
+        return report.model_copy(update={"steps": tuple(steps), "note": NOT_DESCRIBED})
+    if not job.targets:
+        note = "no requested target is one the recipe's own units compile for (its fallback builds them)"
+        return report.model_copy(update={"steps": tuple(steps), "note": note})
+
+    started = time.monotonic()
+    try:
+        groups, compiles = sample_compiles(job, source, work / "objects", _python_include(venv, logger))
+        units = tuple(_compile(one, job, source, env, work, log_file, logger) for one in compiles)
+    except RocwheelsError as exc:
+        steps.append(Step(name=COMPILES, status="failed", detail=_cause(exc, log_file)))
+        return report.model_copy(update={"steps": tuple(steps)})
+    failed = sum(not unit.ok for unit in units)
+    steps.append(
+        Step(
+            name=COMPILES,
+            status="failed" if failed else "done",
+            seconds=time.monotonic() - started,
+            detail=f"{len(units) - failed} of {len(units)} compiled",
+        )
+    )
+    return report.model_copy(
+        update={"steps": tuple(steps), "groups": groups, "units": units, "projection": project(groups, units, job.jobs)}
+    )
+
+
+def sample_compiles(
+    job: PreflightJob, source: Path, objects: Path, python_include: str
+) -> tuple[tuple[Group, ...], list[SampleCompile]]:
+    """The recipe's units sorted into its sample groups, and the compiles of each group's sample per target.
+
+    A unit belongs to the first group whose glob takes it, else to the rest (counted, not sampled).
+    """
+    preflight = job.preflight
+    assert preflight is not None
+    units = sorted({_relative(path, source) for pattern in preflight.units for path in source.glob(pattern)})
+    if not units:
+        raise RocwheelsError(
+            f"{job.recipe}: no file of the source matches [preflight] units ({', '.join(preflight.units)})",
+            fix="check the globs against the source (after generate), relative to the source folder",
+        )
+    taken = {group.name: {_relative(path, source) for path in source.glob(group.units)} for group in preflight.sample}
+    members: dict[str, list[str]] = {group.name: [] for group in preflight.sample}
+    rest: list[str] = []
+    for unit in units:
+        owner = next((name for name, globbed in taken.items() if unit in globbed), None)
+        (members[owner] if owner else rest).append(unit)
+    groups = [
+        Group(name=g.name, units=len(members[g.name]), sampled=tuple(members[g.name][: g.count]))
+        for g in preflight.sample
+    ]
+    if rest:
+        groups.append(Group(name=REST, units=len(rest)))
+    extra = [word for name in preflight.env_flags for word in shlex.split(job.env.get(name, ""))]
+    compiles = []
+    for target in job.targets:
+        for group in groups:
+            for unit in group.sampled:
+                flags = [flag.format(target=target, python_include=python_include) for flag in preflight.flags]
+                language = ["-x", preflight.language] if preflight.language and not unit.endswith(".hip") else []
+                output = objects / target / f"{unit}.o"
+                argv = (preflight.compiler, *flags, *extra, *language, "-c", unit, "-o", str(output))
+                compiles.append(SampleCompile(unit, group.name, target, argv, output))
+    return tuple(groups), compiles
+
+
+def _relative(path: Path, source: Path) -> str:
+    return path.relative_to(source).as_posix()
+
+
+def _compile(
+    one: SampleCompile,
+    job: PreflightJob,
+    source: Path,
+    env: dict[str, str],
+    work: Path,
+    log_file: Path,
+    logger: RecipeLogger,
+) -> UnitResult:
+    """Compile one sample unit under :mod:`pipeline.preflight.measure`, then read its code objects."""
+    one.output.parent.mkdir(parents=True, exist_ok=True)
+    unit_log = work / "unit-logs" / one.target / f"{one.unit}.log"
+    result = unit_log.with_suffix(".json")
+    unit_log.parent.mkdir(parents=True, exist_ok=True)
+    command = shlex.join(one.argv)
+    logger.info("compiling %s for %s (time limit %.0f s)", one.unit, one.target, job.unit_time_limit)
+    measure: list[str | os.PathLike[str]] = [
+        sys.executable,
+        "-m",
+        "pipeline.preflight.measure",
+        result,
+        unit_log,
+        str(job.unit_time_limit),
+        "--",
+    ]
+    run([*measure, *one.argv], cwd=source, env=env, log_file=log_file, logger=logger, quiet=True)
+    output = unit_log.read_text(encoding="utf-8", errors="replace")
+    with log_file.open("a", encoding="utf-8") as sink:
+        sink.write(f"# {one.unit} for {one.target}: {command}\n{output}")
+    measured = json.loads(result.read_text(encoding="utf-8"))
+    fields = {
+        "unit": one.unit,
+        "group": one.group,
+        "target": one.target,
+        "seconds": measured["seconds"],
+        "peak_rss_bytes": measured["peak_rss_bytes"],
+        "command": command,
+    }
+    if measured["stopped"]:
+        detail = f"stopped after {job.unit_time_limit:g} s: {command}"
+        unit = UnitResult(**fields, status="stopped", detail=detail)
+    elif measured["returncode"] != 0:
+        detail = first_error(output) or f"exit code {measured['returncode']}: {command}"
+        unit = UnitResult(**fields, status="failed", detail=detail)
+    else:
+        found = _code_objects(one.output)
+        if one.target in found:
+            return UnitResult(**fields, status="compiled", code_objects=found)
+        detail = f"no code object for {one.target} in {one.output.name} (found: {', '.join(found) or 'none'})"
+        unit = UnitResult(**fields, status="no code object", detail=detail, code_objects=found)
+    logger.warning("%s for %s: %s", one.unit, one.target, unit.detail)
+    return unit
+
+
+def _code_objects(output: Path) -> tuple[str, ...]:
+    """The GPU processors of the object's code objects, read as verify reads a wheel's libraries."""
+    fatbin = read_elf(output).hip_fatbin
+    return gpu_targets(parse_fatbin(fatbin)) if fatbin else ()
+
+
+def _build_environment(job: PreflightJob, venv: Path, log_file: Path, logger: RecipeLogger) -> str:
+    run([job.python, "-m", "venv", venv], log_file=log_file, logger=logger)
+    pip: list[str | os.PathLike[str]] = [
+        venv / "bin" / "python",
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "-q",
+    ]
+    for args in job.installs:
+        run([*pip, *args], log_file=log_file, logger=logger)
+    return f"{len(job.installs)} install(s)"
+
+
+def _python_include(venv: Path, logger: RecipeLogger) -> str:
+    code = "import sysconfig; print(sysconfig.get_paths()['include'])"
+    return run([venv / "bin" / "python", "-c", code], logger=logger, quiet=True).output.strip()
+
+
+def _timed(name: str, action: Callable[[], str], log_file: Path) -> Step:
+    started = time.monotonic()
+    try:
+        detail = action()
+    except RocwheelsError as exc:
+        return Step(name=name, status="failed", seconds=time.monotonic() - started, detail=_cause(exc, log_file))
+    return Step(name=name, status="done", seconds=time.monotonic() - started, detail=detail)
+
+
+def _cause(exc: RocwheelsError, log_file: Path) -> str:
+    """A failed command's first error (from the log), else the message's first line."""
+    found = first_error_in(log_file) if isinstance(exc, CommandError) else None
+    return found or exc.message.splitlines()[0]
