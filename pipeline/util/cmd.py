@@ -35,7 +35,7 @@ class Result:
 def run(
     args: Sequence[str | os.PathLike[str]],
     *,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str | None] | None = None,
     cwd: Path | None = None,
     log_file: Path | None = None,
     check: bool = True,
@@ -47,7 +47,7 @@ def run(
 ) -> Result:
     """Run ``args`` (no shell), logging ``+ command`` first.
 
-    ``env`` is merged over the current environment. With ``log_file`` the combined output is
+    ``env`` is merged over the current environment (a None value unsets that variable). With ``log_file`` the combined output is
     appended there (the result keeps only its tail); otherwise it is captured and returned.
     Strings in ``redact`` are masked wherever they would be logged. ``on_output`` sees each
     output line as it arrives (a progress display shows the latest one). ``quiet`` logs the
@@ -56,7 +56,7 @@ def run(
     argv = [os.fspath(a) for a in args]
     shown = _mask(shlex.join(argv), redact)
     (logger or log).log(logging.DEBUG if quiet else logging.INFO, "+ %s", shown)
-    full_env = {**os.environ, **env} if env is not None else None
+    full_env = None if env is None else {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     if log_file is None:
         completed = subprocess.run(
             argv,
