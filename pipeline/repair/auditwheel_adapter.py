@@ -31,6 +31,7 @@ from auditwheel.wheel_abi import WheelAbIInfo, analyze_wheel_abi
 from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
 from pipeline.errors import RocwheelsError
+from pipeline.repair.auditwheel_symbols import read_once
 from pipeline.util.interrupts import SIGNALS, held_while
 
 if TYPE_CHECKING:
@@ -203,7 +204,7 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     # have changed it since.
     load_ld_paths.cache_clear()
     try:
-        with _auditwheel_quiet():
+        with _auditwheel_quiet(), read_once():
             abi = analyze_wheel_abi(
                 libc,
                 architecture,
