@@ -222,7 +222,6 @@ def rewrite_wheel(
     compression_level: int = zlib.Z_DEFAULT_COMPRESSION,
     threads: int | None = None,
     force_zip64: bool = False,
-    yield_cpu: bool = False,
     source_date_epoch: int | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
@@ -251,7 +250,6 @@ def rewrite_wheel(
         level=compression_level,
         threads=threads,
         force_zip64=force_zip64,
-        yield_cpu=yield_cpu,
         source_date_epoch=source_date_epoch,
     )
 

@@ -12,7 +12,6 @@ size, an offset or the member count passes the classic limits (or everywhere, on
 from __future__ import annotations
 
 import base64
-import contextlib
 import copy
 import csv
 import errno
@@ -20,7 +19,6 @@ import hashlib
 import io
 import os
 import struct
-import threading
 import time
 import zipfile
 from collections import deque
@@ -73,7 +71,6 @@ def write_wheel(
     level: int = 6,
     threads: int | None = None,
     force_zip64: bool = False,
-    yield_cpu: bool = False,
     source_date_epoch: int | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` (atomically) with ``changed`` members' new content, ``added``
@@ -82,8 +79,7 @@ def write_wheel(
     Unchanged members keep their bytes, RECORD rows and order, and their time stamps and
     permissions unless ``source_date_epoch`` is given: then every member gets that time and
     :func:`fixed_mode`, so the same contents give the same bytes whenever and wherever they were
-    built. ``threads`` deflate in parallel (default: the cores this process may use); with
-    ``yield_cpu`` at the lowest CPU priority, for a caller with more urgent work running meanwhile.
+    built. ``threads`` deflate in parallel (default: the cores this process may use).
     """
     changed = dict(changed or {})
     added = dict(added or {})
@@ -98,9 +94,7 @@ def write_wheel(
             raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
         rows = record_rows(archive, record)
         writer = _Writer(out, force_zip64)
-        with ThreadPoolExecutor(
-            max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
-        ) as pool:
+        with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
             new_rows: list[tuple[str, str, str]] = []
 
             def entry(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
@@ -136,12 +130,10 @@ def extract_members(
     record: Mapping[str, tuple[str, str, str]],
     check_only: Sequence[str] = (),
     threads: int | None = None,
-    yield_cpu: bool = False,
 ) -> dict[str, Path]:
     """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
     keeping permission bits; member -> file. CRCs and the sha256 of ``record``'s rows are checked
-    on the way (what is inflated anyway is also hashed: a member changed after the build is caught).
-    ``yield_cpu`` as for :func:`write_wheel`."""
+    on the way (what is inflated anyway is also hashed: a member changed after the build is caught)."""
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
         checked = [archive.getinfo(name) for name in check_only]
@@ -153,7 +145,7 @@ def extract_members(
     infos += checked
     workers = threads or len(os.sched_getaffinity(0))
     total = sum(info.file_size for info in infos)
-    with ThreadPoolExecutor(max_workers=workers, initializer=_yield_cpu if yield_cpu else None) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         # Largest first: the longest job starts at once. A member larger than a worker's share
         # would leave the others idle: it is hashed and written beside its inflating.
         for done in [
@@ -648,9 +640,3 @@ def piecewise_sha256(path: Path) -> str:
         with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
             pieces = list(pool.map(piece, range(0, size, _PIECE)))
     return hashlib.sha256(b"".join(pieces)).hexdigest()
-
-
-def _yield_cpu() -> None:
-    """Run this (deflating) thread at the lowest CPU priority: on Linux a thread has a nice value of its own."""
-    with contextlib.suppress(OSError):  # a priority is a wish: a sandbox may refuse it
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
