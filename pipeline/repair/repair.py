@@ -351,7 +351,7 @@ def repair_wheel(
                     source_date_epoch=epoch,
                 )
             elif ahead_wheel:
-                final = move_file(ahead_wheel, dest)
+                final = move_file(ahead_wheel, dest, sync=True)  # written aside without
             else:
                 final = copy_file(source, dest)  # nothing to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
@@ -410,6 +410,7 @@ def _patch_ahead(
         compression_level=compression_level,
         threads=threads,
         source_date_epoch=settings.source_date_epoch,
+        sync=False,  # an intermediate, rewritten or moved (then synced) into the wheelhouse
     )
 
 

@@ -223,6 +223,7 @@ def rewrite_wheel(
     threads: int | None = None,
     force_zip64: bool = False,
     source_date_epoch: int | None = None,
+    sync: bool = True,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
     ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD
@@ -230,7 +231,8 @@ def rewrite_wheel(
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
     reproducible), or with ``source_date_epoch`` all get that time and fixed permissions;
-    unchanged ones keep their compressed bytes. ``dest`` appears atomically.
+    unchanged ones keep their compressed bytes. ``dest`` appears atomically, and on disk unless
+    not ``sync``.
     """
     if (
         not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION
@@ -251,6 +253,7 @@ def rewrite_wheel(
         threads=threads,
         force_zip64=force_zip64,
         source_date_epoch=source_date_epoch,
+        sync=sync,
     )
 
 

@@ -72,8 +72,10 @@ def write_wheel(
     threads: int | None = None,
     force_zip64: bool = False,
     source_date_epoch: int | None = None,
+    sync: bool = True,
 ) -> Path:
-    """Write ``source`` to ``dest`` (atomically) with ``changed`` members' new content, ``added``
+    """Write ``source`` to ``dest`` (atomically, on disk before it appears unless not ``sync``: a
+    wheel that is only an intermediate) with ``changed`` members' new content, ``added``
     members appended, ``dropped`` ones left out and ``record`` (the RECORD member) rewritten last.
 
     Unchanged members keep their bytes, RECORD rows and order, and their time stamps and
@@ -85,7 +87,7 @@ def write_wheel(
     added = dict(added or {})
     dest.parent.mkdir(parents=True, exist_ok=True)
     with (
-        atomic_write(dest, sync=True) as out,
+        atomic_write(dest, sync=sync) as out,
         zipfile.ZipFile(source) as archive,
         open(source, "rb") as raw,
     ):
@@ -582,10 +584,14 @@ def _newest(archive: zipfile.ZipFile) -> tuple[int, int, int, int, int, int]:
     return max((info.date_time for info in archive.infolist()), default=(1980, 1, 1, 0, 0, 0))
 
 
-def move_file(source: Path, dest: Path) -> Path:
+def move_file(source: Path, dest: Path, *, sync: bool = False) -> Path:
     """``source`` to ``dest`` with one rename where they share a file system (a 1 GB wheel is not
-    copied again), else copied atomically beside ``dest`` and ``source`` removed."""
+    copied again), else copied atomically beside ``dest`` and ``source`` removed. With ``sync``,
+    ``source``'s bytes are on disk first (a file written without)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if sync:
+        with source.open("rb") as written:
+            os.fsync(written.fileno())
     try:
         return source.replace(dest)
     except OSError as error:
