@@ -12,10 +12,12 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sysconfig
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+import auditwheel.wheeltools
 from auditwheel.error import NonPlatformWheelError, WheelToolsError
 from auditwheel.lddtree import ldd, load_ld_paths
 from auditwheel.patcher import ElfPatcher
@@ -31,15 +34,11 @@ from auditwheel.wheel_abi import WheelAbIInfo, analyze_wheel_abi
 from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
 from pipeline.errors import RocwheelsError
+from pipeline.repair.auditwheel_symbols import read_once
 from pipeline.util.interrupts import SIGNALS, held_while
 
 if TYPE_CHECKING:
     from auditwheel.policy import Policy
-
-# auditwheel's zip is only an intermediate here (its members are taken over and compressed again
-# by rocwheels), so it compresses fast. Not level 0: auditwheel holds each member and its "compressed"
-# copy in memory, so storing doubles its peak for a large library.
-ZIP_LEVEL = 1
 
 _FIX_MISSING = (
     "exclude {library} in the recipe's [repair] exclude if the target machine provides it, "
@@ -203,7 +202,7 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     # have changed it since.
     load_ld_paths.cache_clear()
     try:
-        with _auditwheel_quiet():
+        with _auditwheel_quiet(), read_once():
             abi = analyze_wheel_abi(
                 libc,
                 architecture,
@@ -285,7 +284,7 @@ def _graft(judged: Path, part: Path, out: Path) -> Path:
     # What `auditwheel repair --plat <tag> --only-plat` passes (its defaults: `.libs`, patchelf, no strip).
     patcher = ElfPatcher.get_patcher("patchelf", policy.name)
     try:
-        with _auditwheel_quiet():
+        with _auditwheel_quiet(), _stored_zip():
             written: Path | None = repair_wheel(
                 abi,
                 part,
@@ -295,13 +294,38 @@ def _graft(judged: Path, part: Path, out: Path) -> Path:
                 update_tags=True,
                 patcher=patcher,
                 strip=False,
-                zip_compression_level=ZIP_LEVEL,
+                zip_compression_level=0,  # unused: see _stored_zip
             )
     except (OSError, ValueError, subprocess.CalledProcessError) as exc:
         raise _failed(judged, str(exc)) from None
     if written is None:
         raise _failed(judged, "auditwheel found nothing to graft after all")
     return written
+
+
+@contextlib.contextmanager
+def _stored_zip() -> Iterator[None]:
+    """auditwheel's repaired wheel written stored and streamed: it is only an intermediate, whose
+    changed files rocwheels takes and deflates itself. auditwheel deflates (jax-rocm60-pjrt: a
+    534 MB library, seconds of one core) and holds each file and its compressed copy in memory."""
+    replaced = auditwheel.wheeltools.dir2zip
+
+    def dir2zip(in_dir: Path, zip_fname: Path, zip_compression_level: int, date_time: object) -> None:
+        with zipfile.ZipFile(zip_fname, "w", zipfile.ZIP_STORED) as archive:
+            for folder, _, files in os.walk(in_dir):
+                for name in sorted(files):
+                    path = Path(folder, name)
+                    with (
+                        path.open("rb") as source,
+                        archive.open(zipfile.ZipInfo.from_file(path, path.relative_to(in_dir).as_posix()), "w") as sink,
+                    ):
+                        shutil.copyfileobj(source, sink, 1 << 20)
+
+    auditwheel.wheeltools.dir2zip = dir2zip
+    try:
+        yield
+    finally:
+        auditwheel.wheeltools.dir2zip = replaced
 
 
 def _missing(wheel: Path, library: str, who_needs: WhoNeeds) -> RocwheelsError:

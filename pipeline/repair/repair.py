@@ -270,9 +270,10 @@ def repair_wheel(
             return [(name, path, info.needed) for name, path, info in _elf_infos(raw_wheel, tree)]
 
         verdict_of = aside.submit(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
-        # The other members' hashes are checked while auditwheel analyses (inflated to nothing), the
-        # analysis first.
-        extract_members(raw_wheel, [], work / "tree", record=record, check_only=others, threads=threads, yield_cpu=True)
+        # The other members' hashes are checked while auditwheel analyses (inflated to nothing). At
+        # the same CPU priority: with the analysis read once per file (auditwheel_symbols), it is
+        # seldom what the repair waits for, and a lower priority starved this work on a busy machine.
+        extract_members(raw_wheel, [], work / "tree", record=record, check_only=others, threads=threads)
         # Unless auditwheel grafts (rare for a ROCm wheel: everything ROCm is excluded), the RPATHs
         # do not depend on its verdict: patchelf and the deflate of the changed members run while
         # it analyses, into a wheel set aside. The verdict then only retags that wheel.
@@ -350,7 +351,7 @@ def repair_wheel(
                     source_date_epoch=epoch,
                 )
             elif ahead_wheel:
-                final = move_file(ahead_wheel, dest)
+                final = move_file(ahead_wheel, dest, sync=True)  # written aside without
             else:
                 final = copy_file(source, dest)  # nothing to change: the floor is a copy
     # Repairing this result again with the same settings changes nothing: say so for next time.
@@ -402,15 +403,14 @@ def _patch_ahead(
     if not (patched or changes):
         return patched, None
     dest.mkdir()
-    # auditwheel's analysis, meanwhile, is what the repair waits for: it goes first.
     return patched, rewrite_wheel(
         wheel,
         dest / wheel.name,
         replace={**patched, **changes},
         compression_level=compression_level,
         threads=threads,
-        yield_cpu=True,
         source_date_epoch=settings.source_date_epoch,
+        sync=False,  # an intermediate, rewritten or moved (then synced) into the wheelhouse
     )
 
 

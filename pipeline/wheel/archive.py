@@ -259,8 +259,8 @@ def rewrite_wheel(
     compression_level: int = zlib.Z_DEFAULT_COMPRESSION,
     threads: int | None = None,
     force_zip64: bool = False,
-    yield_cpu: bool = False,
     source_date_epoch: int | None = None,
+    sync: bool = True,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
     ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD
@@ -268,7 +268,8 @@ def rewrite_wheel(
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
     reproducible), or with ``source_date_epoch`` all get that time and fixed permissions;
-    unchanged ones keep their compressed bytes. ``dest`` appears atomically.
+    unchanged ones keep their compressed bytes. ``dest`` appears atomically, and on disk unless
+    not ``sync``.
     """
     if (
         not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION
@@ -288,8 +289,8 @@ def rewrite_wheel(
         level=compression_level,
         threads=threads,
         force_zip64=force_zip64,
-        yield_cpu=yield_cpu,
         source_date_epoch=source_date_epoch,
+        sync=sync,
     )
 
 

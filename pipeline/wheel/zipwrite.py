@@ -79,23 +79,23 @@ def write_wheel(
     level: int = 6,
     threads: int | None = None,
     force_zip64: bool = False,
-    yield_cpu: bool = False,
     source_date_epoch: int | None = None,
+    sync: bool = True,
 ) -> Path:
-    """Write ``source`` to ``dest`` (atomically) with ``changed`` members' new content, ``added``
+    """Write ``source`` to ``dest`` (atomically, on disk before it appears unless not ``sync``: a
+    wheel that is only an intermediate) with ``changed`` members' new content, ``added``
     members appended, ``dropped`` ones left out and ``record`` (the RECORD member) rewritten last.
 
     Unchanged members keep their bytes, RECORD rows and order, and their time stamps and
     permissions unless ``source_date_epoch`` is given: then every member gets that time and
     :func:`fixed_mode`, so the same contents give the same bytes whenever and wherever they were
-    built. ``threads`` deflate in parallel (default: the cores this process may use); with
-    ``yield_cpu`` at the lowest CPU priority, for a caller with more urgent work running meanwhile.
+    built. ``threads`` deflate in parallel (default: the cores this process may use).
     """
     changed = dict(changed or {})
     added = dict(added or {})
     dest.parent.mkdir(parents=True, exist_ok=True)
     with (
-        atomic_write(dest, sync=True) as out,
+        atomic_write(dest, sync=sync) as out,
         zipfile.ZipFile(source) as archive,
         open(source, "rb") as raw,
     ):
@@ -104,9 +104,7 @@ def write_wheel(
             raise ValueError(f"not members of {source.name}: {sorted(unknown)}")
         rows = record_rows(archive, record)
         writer = _Writer(out, force_zip64)
-        with ThreadPoolExecutor(
-            max_workers=threads or len(os.sched_getaffinity(0)), initializer=_yield_cpu if yield_cpu else None
-        ) as pool:
+        with ThreadPoolExecutor(max_workers=threads or len(os.sched_getaffinity(0))) as pool:
             new_rows: list[tuple[str, str, str]] = []
 
             def entry(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
@@ -142,12 +140,11 @@ def extract_members(
     record: Mapping[str, tuple[str, str, str]],
     check_only: Sequence[str] = (),
     threads: int | None = None,
-    yield_cpu: bool = False,
 ) -> dict[str, Path]:
     """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
     keeping permission bits; member -> file. CRCs and the hashes and sizes of ``record``'s rows
     are checked on the way (what is inflated anyway is also hashed: a member changed after the
-    build is caught). ``yield_cpu`` as for :func:`write_wheel`."""
+    build is caught)."""
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
         checked = [archive.getinfo(name) for name in check_only]
@@ -155,7 +152,7 @@ def extract_members(
     for target in written.values():
         target.parent.mkdir(parents=True, exist_ok=True)
     # The members repair copies as they are: inflated and hashed only, nothing written.
-    _inflate_all(source, [*infos, *checked], record, lambda info, head: written.get(info.filename), threads, yield_cpu)
+    _inflate_all(source, [*infos, *checked], record, lambda info, head: written.get(info.filename), threads)
     return written
 
 
@@ -168,7 +165,7 @@ def check_members(
 ) -> None:
     """Inflate members ``infos`` of the (checked) wheel ``source`` to nothing, several at once, with
     CRCs and ``record``'s hashes and sizes checked as in :func:`extract_members`."""
-    _inflate_all(source, infos, record, lambda info, head: None, threads, False)
+    _inflate_all(source, infos, record, lambda info, head: None, threads)
 
 
 def scan_members(
@@ -202,7 +199,7 @@ def scan_members(
         finally:
             file.unlink()
 
-    _inflate_all(source, infos, record, file_for, threads, False, then)
+    _inflate_all(source, infos, record, file_for, threads, then)
     ordered = sorted(outcomes.items(), key=lambda item: position[item[0]])
     for _, (_, error) in ordered:
         if error is not None:
@@ -216,7 +213,6 @@ def _inflate_all(
     record: Mapping[str, tuple[str, str, str]],
     file_for: Callable[[zipfile.ZipInfo, bytes], Path | None],
     threads: int | None,
-    yield_cpu: bool,
     then: Callable[[zipfile.ZipInfo, Path], None] | None = None,
 ) -> None:
     workers = threads or len(os.sched_getaffinity(0))
@@ -241,7 +237,7 @@ def _inflate_all(
                 failed.set()  # one damaged member is enough: the rest need not be read
                 raise
 
-    with ThreadPoolExecutor(max_workers=workers, initializer=_yield_cpu if yield_cpu else None) as pool:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         for done in [pool.submit(worker) for _ in range(workers)]:
             done.result()
 
@@ -706,10 +702,14 @@ def _newest(archive: zipfile.ZipFile) -> tuple[int, int, int, int, int, int]:
     return max((info.date_time for info in archive.infolist()), default=(1980, 1, 1, 0, 0, 0))
 
 
-def move_file(source: Path, dest: Path) -> Path:
+def move_file(source: Path, dest: Path, *, sync: bool = False) -> Path:
     """``source`` to ``dest`` with one rename where they share a file system (a 1 GB wheel is not
-    copied again), else copied atomically beside ``dest`` and ``source`` removed."""
+    copied again), else copied atomically beside ``dest`` and ``source`` removed. With ``sync``,
+    ``source``'s bytes are on disk first (a file written without)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if sync:
+        with source.open("rb") as written:
+            os.fsync(written.fileno())
     try:
         return source.replace(dest)
     except OSError as error:
@@ -764,9 +764,3 @@ def piecewise_sha256(path: Path) -> str:
         with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
             pieces = list(pool.map(piece, range(0, size, _PIECE)))
     return hashlib.sha256(b"".join(pieces)).hexdigest()
-
-
-def _yield_cpu() -> None:
-    """Run this (deflating) thread at the lowest CPU priority: on Linux a thread has a nice value of its own."""
-    with contextlib.suppress(OSError):  # a priority is a wish: a sandbox may refuse it
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
