@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.build.jobs import read_profile
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipe, load_recipes
@@ -44,12 +45,26 @@ def canary_checked(report: RecipePreflight, targets: tuple[str, ...]) -> None:
         assert f"--offload-arch={unit.target}" in unit.command and unit.command.startswith("hipcc ")
     assert report.projection is not None and report.projection.units == 1 and not report.projection.lower_bound
     assert report.projection.peak_rss_bytes == max(unit.peak_rss_bytes for unit in report.units)
+    # The jobs its measured peak allows where it compiled, and the cache's second pass served all.
+    assert report.sizing is not None and 1 <= report.sizing.jobs <= report.sizing.capacity.cores
+    assert report.cache is not None and report.cache.compiles == len(targets), report.cache
+    assert report.cache.hit_rate == 1.0, report.cache.note
+
+
+def profile_kept(layout: Layout, report: RecipePreflight) -> None:
+    """The line's build profile in the wheelhouse holds what the preflight measured: the next build's jobs."""
+    profile = read_profile(layout.wheelhouse, report.line)
+    assert profile is not None
+    measured = profile.recipes["rocm-canary"]
+    assert measured.peak_rss_bytes == max(unit.peak_rss_bytes for unit in report.units)
+    assert measured.targets == report.targets
 
 
 def test_canary_preflight_on_this_host(layout: Layout, host_line, canary_targets: tuple[str, ...]) -> None:
     targets = canary_targets[:2]
     (report,) = preflight_plan(canary_plan(layout, host_line, targets), layout, "local")
     canary_checked(report, targets)
+    profile_kept(layout, report)
     assert RecipePreflight.read(report_path(layout, "rocm-canary")) == report
     log = log_path(layout, "rocm-canary").read_text()
     assert "# src/rocm_canary/_canary.hip for" in log and "pip install" in log
@@ -191,6 +206,8 @@ def test_canary_preflight_in_the_builder_image(podman_engine, trixie_base: str, 
     plan = line_plan(layout, line, targets, builder_image=trixie_base)
     (report,) = preflight_plan(plan, layout, "container", engine=podman_engine)
     canary_checked(report, targets)
+    profile_kept(layout, report)
+    assert report.sizing is not None and report.sizing.capacity.where.startswith("in the builder container")
     assert (
         "rocwheels preflight-job /project/.rocwheels/preflight-job.json" in log_path(layout, "rocm-canary").read_text()
     )

@@ -206,11 +206,17 @@ SourceGlob = Annotated[str, AfterValidator(_source_glob)]
 
 
 class PreflightSample(Model):
-    """One group of translation units and how many of them the preflight compiles (cheapest first)."""
+    """One group of the build's translation units, and which of them the preflight compiles for it."""
 
     name: str
-    units: SourceGlob
+    units: SourceGlob  # the group: every unit of the full build it stands for in the projection
+    # The units to compile (the first ``count`` by name of the group's units this glob takes);
+    # unset: the group's own first ones.
+    sample: SourceGlob | None = None
     count: PositiveInt = 1
+    # The sample is the group's cheapest units, chosen so the preflight takes minutes: the group's
+    # projected time is then a lower bound, and the report says so.
+    cheapest: StrictBool = False
 
 
 class Preflight(Model):

@@ -7,6 +7,7 @@ then :func:`pipeline.preflight.job.preflight_source` does the rest, here or in t
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from pipeline.build.container import builder_image, require_pinned
 from pipeline.build.engine import Engine, detect_engine
+from pipeline.build.jobs import CONTAINER_MEMORY, HostCapacity, RecipeProfile, container_capacity, record_profile
 from pipeline.build.local import find_wheels
 from pipeline.build.sources import fetch_build_wheels, prepare_source
 from pipeline.config.layout import Layout, fresh_dir
@@ -61,8 +63,21 @@ def preflight_plan(
     for step in plan.steps:
         report = preflight_recipe(step, layout, runner)
         report.write(report_path(layout, step.name))
+        _keep_profile(report, layout)
         reports.append(report)
     return reports
+
+
+def _keep_profile(report: RecipePreflight, layout: Layout) -> None:
+    """The units' measured peak memory, kept in the line's build profile: the jobs of its next builds."""
+    compiled = [unit for unit in report.units if unit.ok]
+    if not compiled or report.sizing is None:
+        return
+    where = report.sizing.capacity
+    capacity = HostCapacity(memory_bytes=where.memory_bytes, cores=where.cores, where=where.where)
+    record_profile(
+        layout.wheelhouse, report.line, report.recipe, RecipeProfile.from_units(compiled, report.targets, capacity)
+    )
 
 
 def preflight_recipe(step: BuildDescription, layout: Layout, runner: Runner) -> RecipePreflight:
@@ -165,6 +180,7 @@ def _container_runner(plan: Plan, layout: Layout, unit_time_limit: float | None,
                 dependencies=built,
             ),
             unit_time_limit=unit_time_limit,
+            where=container_capacity(HostCapacity.measure()).where,
         )
         (helpers / JOB).write_text(job.model_dump_json(indent=2) + "\n", encoding="utf-8")
         package = f"{CONTAINER_PROJECT}/{source.relative_to(work).as_posix()}"
@@ -178,6 +194,8 @@ def _container_runner(plan: Plan, layout: Layout, unit_time_limit: float | None,
                 f"{work}:{CONTAINER_PROJECT}",
                 "--workdir",
                 CONTAINER_PROJECT,
+                # The limit the builds will get: the units are measured and the jobs sized within it.
+                *([f"--memory={memory}"] if (memory := os.environ.get(CONTAINER_MEMORY, "").strip()) else []),
                 image,
                 "rocwheels",
                 "preflight-job",

@@ -17,13 +17,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.build.cache_pass import CompileCommand, cache_pass
 from pipeline.build.diagnose import first_error, first_error_in
+from pipeline.build.jobs import HostCapacity, jobs_for
 from pipeline.config.models import Model
-from pipeline.config.recipes import DEFAULT_UNIT_TIME_LIMIT, Preflight
+from pipeline.config.recipes import DEFAULT_UNIT_TIME_LIMIT, Preflight, PreflightSample
 from pipeline.config.toolchain import HIP_ENV
 from pipeline.description import BuildDescription
 from pipeline.errors import CommandError, RocwheelsError
-from pipeline.preflight.report import NOT_DESCRIBED, REST, Group, RecipePreflight, Step, UnitResult, project
+from pipeline.preflight.report import (
+    NOT_DESCRIBED,
+    REST,
+    CacheCheck,
+    Capacity,
+    Group,
+    RecipePreflight,
+    Sizing,
+    Step,
+    UnitResult,
+    project,
+)
 from pipeline.util.cmd import run
 from pipeline.util.log import RecipeLogger
 from pipeline.wheel.elf import read_elf
@@ -46,6 +59,7 @@ class PreflightJob(Model):
     installs: tuple[tuple[str, ...], ...]  # `pip install` arguments, in order
     preflight: Preflight | None
     unit_time_limit: float
+    where: str = "on this host"  # where the units compile, for the report: "in the builder container (...)"
 
 
 def job_for(
@@ -54,6 +68,7 @@ def job_for(
     python: str,
     installs: Sequence[Sequence[str]],
     unit_time_limit: float | None,
+    where: str = "on this host",
 ) -> PreflightJob:
     """The preflight job of ``step``: every fact from its description; only where things are differs by driver.
 
@@ -74,6 +89,7 @@ def job_for(
         installs=tuple(tuple(args) for args in installs),
         preflight=preflight,
         unit_time_limit=unit_time_limit or (preflight.unit_time_limit if preflight else DEFAULT_UNIT_TIME_LIMIT),
+        where=where,
     )
 
 
@@ -170,9 +186,46 @@ def preflight_source(
             detail=f"{len(units) - failed} of {len(units)} compiled",
         )
     )
+    compiled = [unit for unit in units if unit.ok]
     return report.model_copy(
-        update={"steps": tuple(steps), "groups": groups, "units": units, "projection": project(groups, units, job.jobs)}
+        update={
+            "steps": tuple(steps),
+            "groups": groups,
+            "units": units,
+            "projection": project(groups, units, job.jobs),
+            "sizing": _sizing(job, compiled),
+            "cache": _cache_check(
+                job, [one for one, unit in zip(compiles, units, strict=True) if unit.ok], source, env, work
+            ),
+        }
     )
+
+
+def _sizing(job: PreflightJob, compiled: Sequence[UnitResult]) -> Sizing | None:
+    """The jobs the largest measured peak allows here, where the units compiled (in the builder
+    container, within its memory limit): what the line's build profile keeps for the builds."""
+    if not compiled:
+        return None
+    here = HostCapacity.measure()
+    decision = jobs_for(
+        max(unit.peak_rss_bytes for unit in compiled), here, measured=f"measured ({job.recipe} preflight)"
+    )
+    capacity = Capacity(memory_bytes=here.memory_bytes, cores=here.cores, where=job.where)
+    return Sizing(capacity=capacity, jobs=decision.jobs, note=decision.note.replace(here.where, job.where))
+
+
+def _cache_check(
+    job: PreflightJob, compiles: Sequence[SampleCompile], source: Path, env: dict[str, str], work: Path
+) -> CacheCheck | None:
+    """The compiled sample twice more through a fresh cache of the kind the build uses: the second pass's hits."""
+    if not compiles:
+        return None
+    commands = [CompileCommand(one.unit, one.argv, source, env) for one in compiles]
+    try:
+        checked = cache_pass(commands, work / "cache-pass", line_name=job.line)
+    except RocwheelsError as exc:  # no ccache where the units compile: say so, the compiles themselves stand
+        return CacheCheck(tool="none", compiles=len(commands), hit_rate=0.0, note=exc.message.splitlines()[0])
+    return CacheCheck(tool=checked.tool, compiles=checked.compiles, hit_rate=checked.hit_rate, note=checked.note())
 
 
 def sample_compiles(
@@ -197,7 +250,7 @@ def sample_compiles(
         owner = next((name for name, globbed in taken.items() if unit in globbed), None)
         (members[owner] if owner else rest).append(unit)
     groups = [
-        Group(name=g.name, units=len(members[g.name]), sampled=tuple(members[g.name][: g.count]))
+        Group(name=g.name, units=len(members[g.name]), sampled=_sample(g, members[g.name], source), cheapest=g.cheapest)
         for g in preflight.sample
     ]
     if rest:
@@ -213,6 +266,14 @@ def sample_compiles(
                 argv = (preflight.compiler, *flags, *extra, *language, "-c", unit, "-o", str(output))
                 compiles.append(SampleCompile(unit, group.name, target, argv, output))
     return tuple(groups), compiles
+
+
+def _sample(group: PreflightSample, members: list[str], source: Path) -> tuple[str, ...]:
+    """The first ``count`` of the group's units (by name) its ``sample`` glob takes, or of all of them."""
+    pickable = set(members)
+    if group.sample is not None:
+        pickable &= {_relative(path, source) for path in source.glob(group.sample)}
+    return tuple(sorted(pickable)[: group.count])
 
 
 def _relative(path: Path, source: Path) -> str:

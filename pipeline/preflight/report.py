@@ -60,6 +60,7 @@ class Group(Model):
     name: str
     units: int
     sampled: tuple[str, ...] = ()  # the units compiled for it, per target
+    cheapest: bool = False  # its sample is its cheapest units: its projected time is a lower bound
 
 
 class Projection(Model):
@@ -69,8 +70,33 @@ class Projection(Model):
     units: int  # translation units of the full build
     seconds: float
     peak_rss_bytes: int
-    lower_bound: bool  # a group's sample did not compile: the full build takes at least this
+    lower_bound: bool  # a group's sample did not compile, or was its cheapest: the full build takes at least this
     notes: tuple[str, ...] = ()
+
+
+class Capacity(Model):
+    """What the place the units compiled in offers a build (pipeline.build.jobs.HostCapacity)."""
+
+    memory_bytes: int
+    cores: int
+    where: str
+
+
+class Sizing(Model):
+    """The compile jobs the measured peak memory allows where the units compiled: the build profile's figure."""
+
+    capacity: Capacity
+    jobs: int
+    note: str = ""  # why fewer than the cores
+
+
+class CacheCheck(Model):
+    """The sample compiled twice through the build's compiler cache (pipeline.build.cache_pass)."""
+
+    tool: str
+    compiles: int
+    hit_rate: float  # of the second pass
+    note: str  # the rate, and each compile the cache did not serve with the cache's reason
 
 
 class RecipePreflight(Model):
@@ -84,6 +110,8 @@ class RecipePreflight(Model):
     groups: tuple[Group, ...] = ()
     units: tuple[UnitResult, ...] = ()
     projection: Projection | None = None
+    sizing: Sizing | None = None
+    cache: CacheCheck | None = None
     note: str = ""
 
     @property
@@ -131,6 +159,9 @@ def project(groups: Sequence[Group], units: Sequence[UnitResult], jobs: int) -> 
         if not all(unit.ok for unit in sample):
             lower_bound = True
             notes.append(f"{group.name}: not every sample unit compiled; its units count at the time they ran")
+        elif group.cheapest:
+            lower_bound = True
+            notes.append(f"{group.name}: projected from its cheapest units, so the full build takes longer")
     unsampled = [group for group in groups if group.name not in per_unit and group.units]
     if unsampled and per_unit:
         mean = _mean(per_unit.values())
@@ -199,6 +230,15 @@ def render(reports: Sequence[RecipePreflight], console: Console | None = None) -
             *(f"{step.name}: {step.detail}" for step in report.steps if step.status == "failed"),
             *(f"{unit.unit} [{unit.target}]: {unit.detail}" for unit in report.units if not unit.ok),
             *(projection.notes if projection else ()),
+            *(
+                [
+                    f"jobs that fit {report.sizing.capacity.where}: {report.sizing.jobs}"
+                    + (f" ({report.sizing.note})" if report.sizing.note else "")
+                ]
+                if report.sizing
+                else []
+            ),
+            *([f"compiler cache: {report.cache.note}"] if report.cache else []),
             *([report.note] if report.note else []),
         ]
         summary.add_row(
