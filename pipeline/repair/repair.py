@@ -51,6 +51,7 @@ from pipeline.wheel.zipwrite import (
     is_stamped,
     move_file,
     piecewise_sha256,
+    record_hash,
     record_rows,
     write_stored,
 )
@@ -253,10 +254,17 @@ def repair_wheel(
             {
                 f"{raw.dist_info}/WHEEL": wheel_text,
                 f"{raw.dist_info}/METADATA": metadata_text,
-                # auditwheel walks the files RECORD lists (hashes unread).
+                # auditwheel walks the files RECORD lists; the rows are whole (the raw wheel's, checked
+                # while extracting) since a graft rewrites this wheel, and a rewrite checks RECORD.
                 f"{raw.dist_info}/RECORD": "".join(
-                    f"{name},,\n"
-                    for name in (*tree, *(f"{raw.dist_info}/{own}" for own in ("WHEEL", "METADATA", "RECORD")))
+                    [
+                        *(f"{name},{record[name][1]},{record[name][2]}\n" for name in tree),
+                        *(
+                            f"{raw.dist_info}/{own},{record_hash(text.encode())},{len(text.encode())}\n"
+                            for own, text in (("WHEEL", wheel_text), ("METADATA", metadata_text))
+                        ),
+                        f"{raw.dist_info}/RECORD,,\n",
+                    ]
                 ),
             },
         )

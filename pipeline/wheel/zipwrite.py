@@ -339,6 +339,11 @@ def _format_hash(digest: Any) -> str:  # a hashlib object
     return f"{digest.name}={base64.urlsafe_b64encode(digest.digest()).rstrip(b'=').decode('ascii')}"
 
 
+def record_hash(data: bytes) -> str:
+    """``data``'s hash as a RECORD row gives it ("sha256=...")."""
+    return _format_hash(hashlib.sha256(data))
+
+
 @contextmanager
 def _one_behind(threaded: bool) -> Iterator[Callable[[Callable[[bytes], None], bytes], None]]:
     """``later(work, data)``: ``work(data)`` in a thread of its own, in order, at most one call
@@ -489,7 +494,7 @@ class _Writer:
             self.out.write(struct.pack("<III", crc, compressed, size))
         self.out.seek(end)
         self._central_entry(info, crc, compressed, size, offset, flags, zipfile.ZIP_DEFLATED, name=encoded)
-        return name, "sha256=" + base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode("ascii"), str(size)
+        return name, _format_hash(digest), str(size)
 
     def _central_entry(
         self,
