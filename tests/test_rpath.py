@@ -15,7 +15,7 @@ from elftools.elf.elffile import ELFFile
 from pipeline.repair.repair import _patchelf
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import read_elf
-from pipeline.wheel.rpath import set_rpath_in_place
+from pipeline.wheel.rpath import edit_in_place, set_rpath_in_place
 from tests.helpers.elf_builds import Elf, build
 
 LONG = "{build}/a/build/machine/folder/that/is/long/enough/lib"
@@ -224,3 +224,95 @@ def test_a_file_that_is_not_elf_is_left_alone(tmp_path: Path) -> None:
     text.write_text("#!/bin/sh\n")
     assert not set_rpath_in_place(text, ["/opt/rocm/lib"])
     assert text.read_text() == "#!/bin/sh\n"
+
+
+def _versioned_pair(folder: Path) -> tuple[Path, Path]:
+    """``libtop.so`` calling a versioned symbol of ``libdep.so`` (so it has a version need naming it)."""
+    folder.mkdir()
+    (folder / "dep.c").write_text("int dep(void) { return 1; }\n")
+    (folder / "dep.map").write_text("DEP_1 { global: dep; local: *; };\n")
+    (folder / "top.c").write_text("int dep(void);\nint top(void) { return dep(); }\n")
+    dep, top = folder / "libdep.so", folder / "libtop.so"
+    run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            folder / "dep.c",
+            "-o",
+            dep,
+            "-Wl,-soname,libdep.so",
+            f"-Wl,--version-script={folder / 'dep.map'}",
+        ]
+    )
+    run(["gcc", "-shared", "-fPIC", folder / "top.c", "-o", top, f"-L{folder}", "-l:libdep.so"])
+    return top, dep
+
+
+def _version_need_files(library: Path) -> list[str]:
+    printed = subprocess.run(["readelf", "-V", "-W", library], capture_output=True, text=True, check=True).stdout
+    return [line.split("File: ")[1].split()[0] for line in printed.splitlines() if "File: " in line]
+
+
+def test_a_grafted_library_is_renamed_in_place_as_patchelf_renames_it(tmp_path: Path) -> None:
+    # What auditwheel asks when it grafts: the copy gets a new soname, its user needs it by that
+    # name (its version needs too: the loader matches them against the library it loaded).
+    top, dep = _versioned_pair(tmp_path / "built")
+    assert _version_need_files(top) == ["libdep.so"]
+    grafted = tmp_path / "libs" / "libdep-0123abcd.so"
+    grafted.parent.mkdir()
+    shutil.copy(dep, grafted)
+    dep.unlink()
+    by_patchelf = top.with_name("patchelf.so")
+    shutil.copy(top, by_patchelf)
+    rename = ["--replace-needed", "libdep.so", grafted.name, "--force-rpath", "--set-rpath", str(grafted.parent)]
+    subprocess.run([_patchelf(), *rename, by_patchelf], check=True)
+    assert not _loads(top)
+
+    assert edit_in_place(grafted, soname=grafted.name)
+    assert edit_in_place(top, needed={"libdep.so": grafted.name}, rpath=[str(grafted.parent)])
+
+    info, expected = read_elf(top, with_fatbin=False), read_elf(by_patchelf, with_fatbin=False)
+    assert (info.needed, info.rpath, info.runpath) == (expected.needed, expected.rpath, expected.runpath)
+    assert grafted.name in info.needed
+    assert _version_need_files(top) == _version_need_files(by_patchelf) == [grafted.name]
+    assert read_elf(grafted, with_fatbin=False).soname == grafted.name
+    _assert_sound_headers(top)
+    _assert_sound_headers(grafted)
+    assert _loads(top)
+    # A library the file does not need is not renamed: the file is left as it is, for patchelf.
+    before = top.read_bytes()
+    assert not edit_in_place(top, needed={"libnothere.so": "libnothere-0123abcd.so"})
+    assert top.read_bytes() == before
+
+
+def test_libraries_of_this_machine_keep_working_with_a_needed_library_renamed(tmp_path: Path) -> None:
+    # Renamed to itself under a longer name that a link in the same folder resolves: the loader
+    # must still find, and version-check, every library by its new name.
+    libraries = _system_libraries(12)
+    if not libraries:
+        pytest.skip("no shared libraries found in this machine's library folder")
+    renamed = 0
+    for original in libraries:
+        library = tmp_path / original.name
+        shutil.copy(original, library)
+        needed = read_elf(library, with_fatbin=False).needed
+        if not needed:
+            continue
+        # The C library cannot be loaded under two names: rename the first other need.
+        name = next((name for name in needed if not name.startswith(("libc.so", "ld-linux"))), None)
+        if name is None:
+            continue
+        alias = tmp_path / f"renamed-{name}"
+        found = next(Path("/usr/lib").rglob(name), None) or next(Path("/lib").rglob(name), None)
+        if found is None:
+            continue
+        alias.symlink_to(found)
+        if not edit_in_place(library, needed={name: alias.name}, rpath=[str(tmp_path)]):
+            continue  # left to patchelf
+        _assert_sound_headers(library)
+        assert alias.name in read_elf(library, with_fatbin=False).needed, original
+        assert name not in _version_need_files(library), original
+        assert _loads(library), original
+        renamed += 1
+    assert renamed, "no library of this machine was renamed in place"

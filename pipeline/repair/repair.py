@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
@@ -248,25 +249,26 @@ def repair_wheel(
         unpacked = time.monotonic()
         # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
         (work / "skeleton").mkdir()
+        dist_info_texts = {
+            f"{raw.dist_info}/WHEEL": wheel_text,
+            f"{raw.dist_info}/METADATA": metadata_text,
+            # auditwheel walks the files RECORD lists; the rows are whole (the raw wheel's, checked
+            # while extracting), as in any wheel.
+            f"{raw.dist_info}/RECORD": "".join(
+                [
+                    *(f"{name},{record[name][1]},{record[name][2]}\n" for name in tree),
+                    *(
+                        f"{raw.dist_info}/{own},{record_hash(text.encode())},{len(text.encode())}\n"
+                        for own, text in (("WHEEL", wheel_text), ("METADATA", metadata_text))
+                    ),
+                    f"{raw.dist_info}/RECORD,,\n",
+                ]
+            ),
+        }
         skeleton = write_stored(
             work / "skeleton" / raw_wheel.name,
             {name: (path, members[name].CRC) for name, path in tree.items()},
-            {
-                f"{raw.dist_info}/WHEEL": wheel_text,
-                f"{raw.dist_info}/METADATA": metadata_text,
-                # auditwheel walks the files RECORD lists; the rows are whole (the raw wheel's, checked
-                # while extracting) since a graft rewrites this wheel, and a rewrite checks RECORD.
-                f"{raw.dist_info}/RECORD": "".join(
-                    [
-                        *(f"{name},{record[name][1]},{record[name][2]}\n" for name in tree),
-                        *(
-                            f"{raw.dist_info}/{own},{record_hash(text.encode())},{len(text.encode())}\n"
-                            for own, text in (("WHEEL", wheel_text), ("METADATA", metadata_text))
-                        ),
-                        f"{raw.dist_info}/RECORD,,\n",
-                    ]
-                ),
-            },
+            dist_info_texts,
         )
 
         pinned = pin_requirements(metadata_text, settings.requires_pins) if settings.requires_pins else metadata_text
@@ -285,9 +287,22 @@ def repair_wheel(
         # Unless auditwheel grafts (rare for a ROCm wheel: everything ROCm is excluded), the RPATHs
         # do not depend on its verdict: patchelf and the deflate of the changed members run while
         # it analyses, into a wheel set aside. The verdict then only retags that wheel.
+        # A file auditwheel will likely graft for changes again after its verdict: deflated once, then.
+        held_back = _likely_grafted_for(raw_wheel, tree, members, policy)
         patched_ahead, ahead_wheel = _patch_ahead(
-            raw_wheel, tree, early_changes, work / "ahead", policy, settings, log_file, log, compression_level, threads
+            raw_wheel,
+            tree,
+            early_changes,
+            held_back,
+            work / "ahead",
+            policy,
+            settings,
+            log_file,
+            log,
+            compression_level,
+            threads,
         )
+        not_in_ahead = {name: path for name, path in patched_ahead.items() if name in held_back}
         patched_at = time.monotonic()
         verdict = verdict_of()
         analysed = time.monotonic()
@@ -310,12 +325,21 @@ def repair_wheel(
             # The wheel set aside stays the base: only what auditwheel changes or adds (its RPATHs
             # set again; for the files patched ahead, setting them again changes nothing) is new.
             # auditwheel's repair, with the analysis it just made, of the skeleton's files it changes.
-            part = rewrite_wheel(
-                skeleton, work / "part" / raw_wheel.name, dropped=frozenset(tree) - set(verdict.grafts)
+            # The files it edits are edited in place in the tree (empty stand-ins in its folder), but
+            # for ELF scripts, which it moves: those it gets whole.
+            scripts = {name for name in verdict.grafts if _is_script(name)}
+            stand_ins = {name: tree[name] for name in verdict.grafts if name not in scripts}
+            (work / "part").mkdir()
+            part = write_stored(
+                work / "part" / raw_wheel.name,
+                # Their RPATHs may have been set ahead: the CRC of what they hold now.
+                {name: (tree[name], zlib.crc32(tree[name].read_bytes())) for name in scripts},
+                {**dict.fromkeys(stand_ins, ""), **dist_info_texts},
             )
             (work / "auditwheel").mkdir()
-            grafted = aside.graft(skeleton, part, work / "auditwheel")
+            grafted, edited = aside.graft(skeleton, part, work / "auditwheel", stand_ins)
             changed, added, dropped = _taken_from(grafted, part, tree, members, work / "grafted")
+            changed.update({name: tree[name] for name in edited})
             relinked = _relink(
                 raw_wheel,
                 {
@@ -334,7 +358,7 @@ def repair_wheel(
             )
             patched = {name: tree[name] for name in {*patched_ahead, *relinked} if name in tree and name not in added}
             changed.update({name: path for name, path in relinked.items() if name not in added})
-            changed.update(retag if ahead_wheel else {**patched, **early_changes, **retag})
+            changed.update({**not_in_ahead, **retag} if ahead_wheel else {**patched, **early_changes, **retag})
             final = rewrite_wheel(
                 ahead_wheel or raw_wheel,
                 dest,
@@ -349,11 +373,11 @@ def repair_wheel(
             patched, changed = patched_ahead, {**patched_ahead, **early_changes, **retag}
             source = ahead_wheel or raw_wheel
             epoch = settings.source_date_epoch
-            if retag or (epoch is not None and not is_stamped(source, epoch)):
+            if retag or not_in_ahead or (epoch is not None and not is_stamped(source, epoch)):
                 final = rewrite_wheel(
                     source,
                     dest,
-                    replace=retag,
+                    replace={**not_in_ahead, **retag},
                     compression_level=compression_level,
                     threads=threads,
                     source_date_epoch=epoch,
@@ -395,6 +419,7 @@ def _patch_ahead(
     wheel: Path,
     tree: dict[str, Path],
     changes: dict[str, bytes | Path],
+    held_back: set[str],
     dest: Path,
     policy: RocmPolicy,
     settings: RepairSettings,
@@ -403,23 +428,49 @@ def _patch_ahead(
     compression_level: int,
     threads: int | None,
 ) -> tuple[dict[str, Path], Path | None]:
-    """The RPATHs of ``tree`` set, and ``wheel`` rewritten into folder ``dest`` with them and
-    ``changes``: (the patched files, the wheel or None when nothing changed)."""
+    """The RPATHs of ``tree`` set, and ``wheel`` rewritten into folder ``dest`` with them (but
+    for the files ``held_back``) and ``changes``: (the patched files, the wheel or None when it
+    would not differ)."""
     from pipeline.wheel.archive import rewrite_wheel
 
     patched = _relink(wheel, tree, policy, settings, log_file, log, threads)
-    if not (patched or changes):
+    replace = {**{name: path for name, path in patched.items() if name not in held_back}, **changes}
+    if not replace:
         return patched, None
     dest.mkdir()
     return patched, rewrite_wheel(
         wheel,
         dest / wheel.name,
-        replace={**patched, **changes},
+        replace=replace,
         compression_level=compression_level,
         threads=threads,
         source_date_epoch=settings.source_date_epoch,
         sync=False,  # an intermediate, rewritten or moved (then synced) into the wheelhouse
     )
+
+
+def _likely_grafted_for(
+    wheel: Path, tree: dict[str, Path], members: dict[str, zipfile.ZipInfo], policy: RocmPolicy
+) -> set[str]:
+    """The ELF files needing a library that is not excluded, not in the wheel and in no platform
+    policy's whitelist: auditwheel grafts it for them (or finds it missing). A guess made before
+    its verdict, to spare a deflate; a wrong one costs only that."""
+    from pipeline.wheel.analyze import system_libraries
+
+    in_wheel = {posixpath.basename(name) for name in members}
+    allowed = system_libraries()
+    return {
+        name
+        for name, _, info in _elf_infos(wheel, tree)
+        if info.machine != "EM_AMDGPU"
+        and any(
+            soname not in in_wheel
+            and soname not in allowed
+            and not policy.is_excluded(soname)
+            and not soname.startswith("libpython")
+            for soname in info.needed
+        )
+    }
 
 
 def _repaired_marker(wheel_name: str, settings: RepairSettings) -> Path:
@@ -505,6 +556,12 @@ def _note(log_file: Path | None, line: str) -> None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with log_file.open("a", encoding="utf-8") as sink:
             sink.write(f"# {line}\n")
+
+
+def _is_script(member: str) -> bool:
+    """Whether ``member`` is installed as a script (``<name>.data/scripts/<file>``), as auditwheel tells."""
+    parts = member.split("/")
+    return len(parts) == 3 and parts[0].endswith(".data") and parts[1] == "scripts"
 
 
 def _taken_from(

@@ -18,13 +18,18 @@ Anything else (not 64-bit little-endian, an executable, no section headers, no s
 would move is not read-only data) is left to patchelf. The result is what ``patchelf --force-rpath --set-rpath`` or
 ``--remove-rpath`` gives the loader: one DT_RPATH with the new value (a DT_RUNPATH becomes it) or
 none of either.
+
+:func:`edit_in_place` also renames needed libraries and the file's own soname, as auditwheel's
+grafting asks (``patchelf --replace-needed``, ``--set-soname``): the new names go into the copied
+string table, and ``DT_NEEDED``, ``DT_SONAME`` and the version needs naming a renamed library
+(``vn_file``, which the loader matches against the library it loaded) point at them.
 """
 
 from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -46,6 +51,8 @@ _ENTRY = struct.Struct("<qQ")
 _PHDR = struct.Struct("<IIQQQQQQ")
 _SYMBOL_NAMES = struct.Struct("<I20x")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
+_VERNEED = struct.Struct("<HHIII")  # Elf64_Verneed: vn_version, vn_cnt, vn_file, vn_aux, vn_next
+_WORD = struct.Struct("<I")
 # Where the fields used lie in a program header and a section header, as unpacked.
 _P_TYPE, _P_OFFSET, _P_VADDR, _P_PADDR, _P_FILESZ, _P_MEMSZ, _P_ALIGN = 0, 2, 3, 4, 5, 6, 7
 _SH_TYPE, _SH_FLAGS, _SH_ADDR, _SH_OFFSET, _SH_SIZE = 1, 2, 3, 4, 5
@@ -96,10 +103,33 @@ def set_rpath_in_place(path: Path, entries: Sequence[str]) -> bool:
 
     False, with the file untouched, when the file is not one this handles (see the module).
     """
-    value = ":".join(entries).encode()
+    return edit_in_place(path, rpath=entries)
+
+
+def edit_in_place(
+    path: Path,
+    *,
+    rpath: Sequence[str] | None = None,
+    needed: Mapping[str, str] | None = None,
+    soname: str | None = None,
+) -> bool:
+    """In place: the search path set as :func:`set_rpath_in_place` sets it (unless ``rpath`` is
+    None), the needed libraries of ``needed`` (old name -> new) renamed, and the soname set.
+
+    False, with the file untouched, when the file is not one this handles (see the module), or
+    does not need a library ``needed`` names.
+    """
+    value = None if rpath is None else ":".join(rpath).encode()
     with open(path, "r+b") as file:
         try:
-            edit = _plan(file, value)
+            if needed or soname is not None:
+                edit = _plan_names(
+                    file, value, {old.encode(): new.encode() for old, new in (needed or {}).items()}, soname
+                )
+            elif value is not None:
+                edit = _plan(file, value)
+            else:
+                return True
         except (ELFError, struct.error, ValueError):
             return False
         if edit is None:
@@ -142,7 +172,63 @@ def _plan(file: BinaryIO, value: bytes) -> Writes | None:
         start = entries[kept][1]
         string = (dynamic.strtab + start, value + b"\0" * (lengths[kept] - len(value) + 1))
         return [string, dynamic.table(_with_search_path(entries, kept, start))]
-    return _append(file, dynamic, value, kept)
+    entries = _with_search_path(list(entries), kept, len(dynamic.strings))
+    return _append(file, dynamic, value + b"\0", entries, [])
+
+
+def _plan_names(file: BinaryIO, value: bytes | None, needed: dict[bytes, bytes], soname: str | None) -> Writes | None:
+    """The writes that rename ``needed`` libraries and set the soname (and the search path to
+    ``value`` unless None): always in a new segment, the new names being longer as a rule."""
+    dynamic = _read_dynamic(file)
+    if dynamic is None:
+        return None
+    strings = dynamic.strings
+    added = bytearray()
+
+    def new_string(name: bytes) -> int:
+        added.extend(name + b"\0")
+        return len(strings) + len(added) - len(name) - 1
+
+    def name_at(offset: int) -> bytes:
+        return strings[offset : strings.index(b"\0", offset)]
+
+    renamed = {old: new_string(new) for old, new in needed.items()}
+    entries = list(dynamic.entries)
+    if not set(renamed) <= {name_at(val) for tag, val in entries if tag == DT_NEEDED}:
+        return None  # a library it does not need: left to patchelf
+    entries = [(tag, renamed.get(name_at(val), val)) if tag == DT_NEEDED else (tag, val) for tag, val in entries]
+    if soname is not None:
+        at = new_string(soname.encode())
+        has_soname = any(tag == DT_SONAME for tag, _ in entries)
+        entries = [(tag, at if tag == DT_SONAME else val) for tag, val in entries]
+        if not has_soname:
+            entries.insert(0, (DT_SONAME, at))
+    search = [i for i, (tag, _) in enumerate(entries) if tag in _SEARCH_PATHS]
+    if value == b"":
+        entries = [entry for entry in entries if entry[0] not in _SEARCH_PATHS]
+    elif value is not None:
+        entries = _with_search_path(entries, search[0] if search else None, new_string(value))
+    # The version needs of a renamed library name it too; the loader compares that name.
+    version_needs = [
+        (at, renamed[name_at(name)]) for at, name in _version_need_files(dynamic) if name_at(name) in renamed
+    ]
+    return _append(file, dynamic, bytes(added), entries, version_needs)
+
+
+def _version_need_files(dynamic: _Dynamic) -> Iterator[tuple[int, int]]:
+    """(file offset of its vn_file, the string offset there) for each version need."""
+    section = dynamic.elf.get_section_by_name(".gnu.version_r")
+    if section is None:
+        return
+    at, count = section["sh_offset"], section["sh_info"]
+    stream = dynamic.elf.stream
+    for _ in range(count):
+        stream.seek(at)
+        _, _, name, _, following = _VERNEED.unpack(stream.read(_VERNEED.size))
+        yield at + 4, name  # vn_file follows vn_version and vn_cnt
+        if not following:
+            break
+        at += following
 
 
 def _read_dynamic(file: BinaryIO) -> _Dynamic | None:
@@ -178,8 +264,12 @@ def _with_search_path(entries: list[tuple[int, int]], kept: int | None, string: 
     return new if kept is not None else [*new, (DT_RPATH, string)]
 
 
-def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -> Writes | None:
-    """The writes that give ``file`` a copy of its string table, ``value`` at its end, in a new segment."""
+def _append(
+    file: BinaryIO, dynamic: _Dynamic, added: bytes, edited: list[tuple[int, int]], words: list[tuple[int, int]]
+) -> Writes | None:
+    """The writes that give ``file`` a copy of its string table, ``added`` at its end, in a new
+    segment, the dynamic entries ``edited`` (their string offsets into that copy), and each
+    32-bit string offset of ``words`` (file offset, value) written."""
     header = dynamic.elf.header
     if (
         header["e_type"] != "ET_DYN"
@@ -218,13 +308,12 @@ def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -
     by_offset, by_address = offset - low, address - (low + to_memory)
     file.seek(low)
     block = file.read(high - low)
-    table = dynamic.strings + value + b"\0"
+    table = dynamic.strings + added
     new_strtab = {DT_STRTAB: address + len(block), DT_STRSZ: len(table)}
     entries = [
         (tag, new_strtab.get(tag, val + by_address if tag in _POINTER_TAGS and low <= val - to_memory < high else val))
-        for tag, val in dynamic.entries
+        for tag, val in edited
     ]
-    entries = _with_search_path(entries, kept, len(dynamic.strings))
     if len(entries) + 1 > dynamic.slots:
         return None  # no spare DT_NULL for the new entry
     for phdr in phdrs:
@@ -246,13 +335,21 @@ def _append(file: BinaryIO, dynamic: _Dynamic, value: bytes, kept: int | None) -
         offset + len(block),
         len(table),
     )
+    relocated = bytearray(block)
+    kept_in_place: Writes = []
+    for at, word in words:  # into the moved bytes, or where they are
+        if low <= at < high:
+            _WORD.pack_into(relocated, at - low, word)
+        else:
+            kept_in_place.append((at, _WORD.pack(word)))
     # The new segment first: until the headers point at it, it is inert.
     return [
-        (offset, block + table),
+        (offset, bytes(relocated) + table),
         (header["e_shoff"], b"".join(_SHDR.pack(*shdr) for shdr in shdrs)),
         dynamic.table(entries),
         (header["e_phoff"], b"".join(_PHDR.pack(*phdr) for phdr in phdrs)),
         (_E_PHNUM, _HALF.pack(len(phdrs))),
+        *kept_in_place,
     ]
 
 
