@@ -28,7 +28,7 @@ def pip_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 def _without_uv(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pip_config, "_uv_binary", lambda: None)
+    monkeypatch.setattr(pip_config, "uv_binary", lambda: None)
 
 
 # --- pip's settings, read as pip reads them ---
@@ -168,7 +168,7 @@ def test_pip_installs_where_uv_fails_or_a_setting_has_no_uv_equivalent(
     broken = tmp_path / "uv"
     broken.write_text("#!/bin/sh\necho 'error: uv stand-in refuses'\nexit 2\n")
     broken.chmod(0o755)
-    pip_env.setattr(pip_config, "_uv_binary", lambda: str(broken))
+    pip_env.setattr(pip_config, "uv_binary", lambda: str(broken))
     after_uv = smoke_test(wheel, Smoke(imports=("alpha",)), scratch=tmp_path)
     assert after_uv.passed and "(by pip, after uv failed: error: uv stand-in refuses)" in after_uv.message
     pip_env.setenv("PIP_PREFER_BINARY", "1")

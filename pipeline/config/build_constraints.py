@@ -18,7 +18,7 @@ from pathlib import Path
 from pipeline.config.lock import LockFile
 from pipeline.config.recipes import LOCK_FILE, RecipeFile
 from pipeline.errors import ConfigError, RocwheelsError
-from pipeline.util.cmd import run
+from pipeline.util.cmd import run, uv_binary
 from pipeline.util.files import atomic_write
 
 FOLDER = "constraints"
@@ -113,10 +113,9 @@ def check_constraints(recipes: dict[str, RecipeFile], lock_file: LockFile, line_
 
 
 def _uv() -> str:
-    try:
-        from uv import find_uv_bin
-    except ImportError:
+    binary = uv_binary()
+    if binary is None:
         raise RocwheelsError(
             "uv is not installed (rocwheels resolves build environments with it)", fix="pip install uv"
-        ) from None
-    return find_uv_bin()
+        )
+    return binary

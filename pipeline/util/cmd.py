@@ -113,6 +113,18 @@ def run(
     return Result(returncode, output)
 
 
+def uv_binary() -> str | None:
+    """The uv executable of rocwheels' environment (the ``uv`` package), or None without it."""
+    try:
+        from uv import find_uv_bin
+    except ImportError:
+        return None
+    try:
+        return find_uv_bin()
+    except FileNotFoundError:
+        return None
+
+
 def tail(output: str, lines: int = _TAIL_LINES) -> str:
     """The last ``lines`` lines of a command's output: what a failure message quotes, so the user
     sees why a tool failed even when its output was captured rather than shown."""

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.util.cmd import uv_binary
+
 # pip's settings (option names, as its files and PIP_* variables spell them) and uv's equivalents.
 _LISTS = {  # whitespace-separated lists
     "find-links": "--find-links",
@@ -118,7 +120,7 @@ def uv_for_pip_settings(settings: Mapping[str, str], environ: Mapping[str, str])
             env[_ENVIRONMENT[key]] = value
         elif key not in _NO_EFFECT:
             return f"pip setting {key} has no uv equivalent here"
-    binary = _uv_binary()
+    binary = uv_binary()
     if binary is None:
         return "uv is not installed"
     return UvInstall(binary, tuple(options), env)
@@ -127,14 +129,3 @@ def uv_for_pip_settings(settings: Mapping[str, str], environ: Mapping[str, str])
 def _name(key: str) -> str:
     """pip's spelling of a setting: lower case, dashes, no leading ``--``."""
     return key.lower().replace("_", "-").removeprefix("--")
-
-
-def _uv_binary() -> str | None:
-    try:
-        from uv import find_uv_bin
-    except ImportError:
-        return None
-    try:
-        return find_uv_bin()
-    except FileNotFoundError:
-        return None
