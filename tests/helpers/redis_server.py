@@ -1,4 +1,6 @@
-"""A real redis-server for the shared compiler cache tests: on a free port of one address, keeping nothing on disk."""
+"""A real redis-server for the shared compiler cache tests: on a free port of one address, keeping nothing on disk.
+
+Also used by benchmarks/rebuild.py, which runs without pytest (`make bench` installs rocwheels alone)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 
 @contextmanager
 def running_redis(address: str, folder: Path, password: str | None = None) -> Iterator[str]:
@@ -21,7 +21,7 @@ def running_redis(address: str, folder: Path, password: str | None = None) -> It
     """
     server = shutil.which("redis-server")
     if server is None:
-        pytest.fail("redis-server is not installed: apt-get install -y redis-server")
+        raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
     with socket.socket() as probe:
         probe.bind((address, 0))
         port = probe.getsockname()[1]
