@@ -137,6 +137,11 @@ def test_same_grafts_and_needed_entries(name, repaired, tmp_path):
     ours = _elf_members(repaired[name].rocwheels, tmp_path / "rocwheels")
     assert _grafted(ours) == _grafted(theirs)
     assert {m: needed for m, (needed, _) in ours.items()} == {m: needed for m, (needed, _) in theirs.items()}
+    # The grafted copies are auditwheel's, byte for byte (its patchelf edits them; rocwheels edits
+    # only the wheel's own files in place).
+    with zipfile.ZipFile(repaired[name].rocwheels) as mine, zipfile.ZipFile(repaired[name].auditwheel) as its:
+        for member in (m for m in ours if m.split("/")[0].endswith(".libs")):
+            assert mine.read(member) == its.read(member), member
     # Deliberate: no entry of ours names a folder of the build machine, and one platform tag,
     # one of those auditwheel gave.
     assert not [entry for _, search in ours.values() for entry in search if not entry.startswith("$ORIGIN")]

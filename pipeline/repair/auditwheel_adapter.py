@@ -317,12 +317,13 @@ def _search_path(update: ElfUpdateInfo) -> list[str] | None:
 
 
 class _InPlacePatcher(ElfPatcher):  # type: ignore[misc]  # auditwheel ships no types
-    """auditwheel's ELF edits made in place where :func:`pipeline.wheel.rpath.edit_in_place` can,
-    else by auditwheel's patchelf patcher. patchelf reads and writes a file whole: jax-rocm60-pjrt's
-    534 MB library took 2.2 s and a 1.1 GB peak for a few changed bytes.
+    """auditwheel's edits of the wheel's own ELF files made in place where
+    :func:`pipeline.wheel.rpath.edit_in_place` can, else (and for the libraries it grafts) by
+    auditwheel's patchelf patcher. patchelf reads and writes a file whole: jax-rocm60-pjrt's 534 MB
+    library took 2.2 s and a 1.1 GB peak for a few changed bytes.
 
-    An edit of a stand-in (a member of ``stand_ins``, empty in auditwheel's folder) goes to the file
-    it stands for."""
+    The wheel's own files are stand-ins (the members of ``stand_ins``, empty in auditwheel's folder):
+    an edit of one goes to the file it stands for."""
 
     def __init__(self, platform: str, stand_ins: Mapping[str, Path]) -> None:
         super().__init__(platform)
@@ -344,8 +345,13 @@ class _InPlacePatcher(ElfPatcher):  # type: ignore[misc]  # auditwheel ships no 
         for path in list(self._updates):
             update = self._updates.pop(path)
             target, member = self._target(path)
-            if update.remove_needed or not edit_in_place(
-                target, rpath=_search_path(update), needed=dict(update.replace_needed), soname=update.soname
+            # A grafted copy (small) gets patchelf's bytes, as auditwheel's own repair gives it.
+            if (
+                member is None
+                or update.remove_needed
+                or not edit_in_place(
+                    target, rpath=_search_path(update), needed=dict(update.replace_needed), soname=update.soname
+                )
             ):
                 self._by_patchelf(target, update)
             if member is not None:
