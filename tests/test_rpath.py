@@ -307,7 +307,8 @@ def test_libraries_of_this_machine_keep_working_with_a_needed_library_renamed(tm
         found = next(Path("/usr/lib").rglob(name), None) or next(Path("/lib").rglob(name), None)
         if found is None:
             continue
-        alias.symlink_to(found)
+        if not alias.is_symlink():  # two libraries may need the same one
+            alias.symlink_to(found)
         if not edit_in_place(library, needed={name: alias.name}, rpath=[str(tmp_path)]):
             continue  # left to patchelf
         _assert_sound_headers(library)
