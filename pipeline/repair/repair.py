@@ -10,7 +10,8 @@ Read top to bottom as the steps:
 3. meanwhile, rewrite the RPATH of every ELF file: ROCm from ``rocm_lib_dir``, linked packages'
    libraries through ``$ORIGIN``-relative paths into site-packages, grafted ones from
    ``<pkg>.libs``; build-machine paths go; and write a wheel with them aside (pipeline/wheel/zipwrite.py:
-   unchanged members copied as their compressed bytes, changed ones deflated in parallel);
+   unchanged members copied as their compressed bytes; of a changed one, only the deflate blocks
+   holding changed bytes are deflated again, pipeline/wheel/splice.py);
 4. only if the verdict grafts something (say libgomp, or the build's own helpers): auditwheel's
    repair, with the analysis of step 2, of the ELF files it changes; its changed and new files are
    taken over, their RPATHs set, and the wheel set aside written anew with them;
@@ -60,6 +61,7 @@ from pipeline.wheel.zipwrite import (
 if TYPE_CHECKING:
     from pipeline.wheel.analyze import TargetLayout
     from pipeline.wheel.elf import ElfInfo
+    from pipeline.wheel.splice import BlockIndex
 
 # Deflate level of the members repair changes (unchanged ones keep their bytes): level 5 costs under
 # 0.5 % of the wheel for 14-28 % less CPU than 6 (benchmarks/README.md, "Figures behind the code").
@@ -245,7 +247,10 @@ def repair_wheel(
         others = [
             name for name, info in members.items() if not info.is_dir() and name not in elf_names and name in record
         ]
-        tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, threads=threads)
+        # Their deflate blocks noted: the members RPATHs change are written back with only the
+        # blocks holding the changed bytes deflated again (pipeline/wheel/splice.py).
+        indexes: dict[str, BlockIndex] = {}
+        tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, threads=threads, indexes=indexes)
         unpacked = time.monotonic()
         # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
         (work / "skeleton").mkdir()
@@ -292,6 +297,7 @@ def repair_wheel(
         patched_ahead, ahead_wheel = _patch_ahead(
             raw_wheel,
             tree,
+            indexes,
             early_changes,
             held_back,
             work / "ahead",
@@ -368,6 +374,7 @@ def repair_wheel(
                 compression_level=compression_level,
                 threads=threads,
                 source_date_epoch=settings.source_date_epoch,
+                indexes=indexes,
             )
         else:
             patched, changed = patched_ahead, {**patched_ahead, **early_changes, **retag}
@@ -381,6 +388,7 @@ def repair_wheel(
                     compression_level=compression_level,
                     threads=threads,
                     source_date_epoch=epoch,
+                    indexes=indexes,
                 )
             elif ahead_wheel:
                 final = move_file(ahead_wheel, dest, sync=True)  # written aside without
@@ -399,7 +407,7 @@ def repair_wheel(
             exc.strerror or exc,
         )
     log.info(
-        "repaired %s -> %s in %.1f s (ELF files unpacked in %.1f s; then the other members' hashes checked, RPATHs of %d files set and deflated %.1f s, "
+        "repaired %s -> %s in %.1f s (ELF files unpacked in %.1f s; then the other members' hashes checked, RPATHs of %d files set and written %.1f s, "
         "auditwheel's analysis meanwhile done %.1f s later; write %d changed/%d added members %.1f s)",
         raw_wheel.name,
         final.name,
@@ -418,6 +426,7 @@ def repair_wheel(
 def _patch_ahead(
     wheel: Path,
     tree: dict[str, Path],
+    indexes: dict[str, BlockIndex],
     changes: dict[str, bytes | Path],
     held_back: set[str],
     dest: Path,
@@ -446,14 +455,15 @@ def _patch_ahead(
         threads=threads,
         source_date_epoch=settings.source_date_epoch,
         sync=False,  # an intermediate, rewritten or moved (then synced) into the wheelhouse
+        indexes=indexes,
     )
 
 
 def _likely_grafted_for(
     wheel: Path, tree: dict[str, Path], members: dict[str, zipfile.ZipInfo], policy: RocmPolicy
 ) -> set[str]:
-    """The ELF files needing a library that is not excluded, not in the wheel and in no platform
-    policy's whitelist: auditwheel grafts it for them (or finds it missing). A guess made before
+    """The ELF files needing a library that is not excluded, not in the wheel, in no platform
+    policy's whitelist and not the loader: auditwheel grafts it for them (or finds it missing). A guess made before
     its verdict, to spare a deflate; a wrong one costs only that."""
     from pipeline.wheel.analyze import system_libraries
 
@@ -468,6 +478,9 @@ def _likely_grafted_for(
             and soname not in allowed
             and not policy.is_excluded(soname)
             and not soname.startswith("libpython")
+            # the loader, which auditwheel never grafts (its policy module's own test)
+            and "ld-linux" not in soname
+            and soname not in ("ld64.so.1", "ld64.so.2")
             for soname in info.needed
         )
     }

@@ -35,6 +35,7 @@ from packaging.version import InvalidVersion, Version
 from variantlib.constants import VALIDATION_WHEEL_NAME_REGEX
 
 from pipeline.errors import InputError, RocwheelsError
+from pipeline.wheel.splice import BlockIndex
 from pipeline.wheel.zipwrite import Added, check_members, record_lines, scan_members, write_wheel
 
 # Signatures over RECORD: any rewrite invalidates them, so a rewrite drops them.
@@ -261,6 +262,7 @@ def rewrite_wheel(
     force_zip64: bool = False,
     source_date_epoch: int | None = None,
     sync: bool = True,
+    indexes: Mapping[str, BlockIndex] | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` with members in ``replace`` swapped, ``added`` ones appended,
     ``dropped`` ones (and RECORD signatures, which a rewrite invalidates) left out, and RECORD
@@ -268,8 +270,9 @@ def rewrite_wheel(
 
     Members keep their order, time stamps and permissions (so SOURCE_DATE_EPOCH builds stay
     reproducible), or with ``source_date_epoch`` all get that time and fixed permissions;
-    unchanged ones keep their compressed bytes. ``dest`` appears atomically, and on disk unless
-    not ``sync``.
+    unchanged ones keep their compressed bytes, and changed ones that ``indexes`` describe keep
+    the bits of their unchanged deflate blocks (see :mod:`pipeline.wheel.splice`). ``dest``
+    appears atomically, and on disk unless not ``sync``.
     """
     if (
         not zlib.Z_NO_COMPRESSION <= compression_level <= zlib.Z_BEST_COMPRESSION
@@ -291,6 +294,7 @@ def rewrite_wheel(
         force_zip64=force_zip64,
         source_date_epoch=source_date_epoch,
         sync=sync,
+        indexes=indexes,
     )
 
 

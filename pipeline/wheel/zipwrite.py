@@ -1,7 +1,9 @@
 """Write a wheel from another at the floor: copy what is unchanged, deflate what changed, in parallel.
 
 A member that is not changed is copied as its compressed bytes (local header and data, as they
-are), its RECORD row reused: no inflate, no deflate. Changed and added members are deflated by a
+are), its RECORD row reused: no inflate, no deflate. A changed member whose deflate blocks were
+noted while it was unpacked keeps the bits of the blocks that did not change
+(pipeline/wheel/splice.py). Other changed and added members are deflated by a
 pool of threads (zlib-ng releases the GIL), a large member in chunks that together form one
 valid deflate stream, the scheme pigz uses: each chunk is compressed on its own with the previous
 chunk's last 32 KiB as dictionary and ends with a sync flush (byte aligned, not final), the last
@@ -36,6 +38,7 @@ from zlib_ng import zlib_ng
 
 from pipeline.errors import RocwheelsError
 from pipeline.util.files import atomic_write
+from pipeline.wheel.splice import BlockIndex, IndexedInflater, Splice, plan_splice
 
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
@@ -81,10 +84,13 @@ def write_wheel(
     force_zip64: bool = False,
     source_date_epoch: int | None = None,
     sync: bool = True,
+    indexes: Mapping[str, BlockIndex] | None = None,
 ) -> Path:
     """Write ``source`` to ``dest`` (atomically, on disk before it appears unless not ``sync``: a
     wheel that is only an intermediate) with ``changed`` members' new content, ``added``
     members appended, ``dropped`` ones left out and ``record`` (the RECORD member) rewritten last.
+    A changed member that ``indexes`` describes (its deflate blocks, noted by
+    :func:`extract_members`) has only its changed blocks deflated again.
 
     Unchanged members keep their bytes, RECORD rows and order, and their time stamps and
     permissions unless ``source_date_epoch`` is given: then every member gets that time and
@@ -110,14 +116,26 @@ def write_wheel(
             def entry(info: zipfile.ZipInfo) -> zipfile.ZipInfo:
                 return info if source_date_epoch is None else stamped(info, source_date_epoch)
 
+            # Planned ahead, one member per thread: each reads its file whole (for RECORD's hash).
+            splices = {
+                member.filename: pool.submit(plan_splice, index, content, source, member.header_offset, level)
+                for member in archive.infolist()
+                if isinstance(content := changed.get(member.filename), Path)
+                and (index := (indexes or {}).get(member.filename))
+                and member.compress_type == zipfile.ZIP_DEFLATED
+                and member.compress_size == index.compressed_size
+            }
             for member in archive.infolist():
                 if member.filename == record or member.filename in dropped:
                     continue
                 content = changed.get(member.filename)
+                splice = splices[member.filename].result() if member.filename in splices else None
                 if content is None:
                     writer.copy(raw, member, entry(member))
                     if not member.is_dir():
                         new_rows.append(rows.get(member.filename) or (member.filename, "", ""))
+                elif splice:
+                    new_rows.append(writer.splice(raw, member.filename, splice, entry(_like(member))))
                 else:
                     new_rows.append(writer.deflate(pool, member.filename, content, entry(_like(member)), level))
             for name, addition in added.items():
@@ -140,11 +158,13 @@ def extract_members(
     record: Mapping[str, tuple[str, str, str]],
     check_only: Sequence[str] = (),
     threads: int | None = None,
+    indexes: dict[str, BlockIndex] | None = None,
 ) -> dict[str, Path]:
     """Inflate members ``names`` of the (checked) wheel ``source`` under ``dest``, several at once,
     keeping permission bits; member -> file. CRCs and the hashes and sizes of ``record``'s rows
     are checked on the way (what is inflated anyway is also hashed: a member changed after the
-    build is caught)."""
+    build is caught). With ``indexes``, the deflate blocks of each deflated member written are
+    noted there (member -> index), for :func:`write_wheel` to deflate again only those that change."""
     with zipfile.ZipFile(source) as archive:
         infos = [archive.getinfo(name) for name in names]
         checked = [archive.getinfo(name) for name in check_only]
@@ -152,7 +172,8 @@ def extract_members(
     for target in written.values():
         target.parent.mkdir(parents=True, exist_ok=True)
     # The members repair copies as they are: inflated and hashed only, nothing written.
-    _inflate_all(source, [*infos, *checked], record, lambda info, head: written.get(info.filename), threads)
+    indexing = None if indexes is None else _Indexing(indexes, frozenset(written))
+    _inflate_all(source, [*infos, *checked], record, lambda info, head: written.get(info.filename), threads, indexing)
     return written
 
 
@@ -199,7 +220,7 @@ def scan_members(
         finally:
             file.unlink()
 
-    _inflate_all(source, infos, record, file_for, threads, then)
+    _inflate_all(source, infos, record, file_for, threads, then=then)
     ordered = sorted(outcomes.items(), key=lambda item: position[item[0]])
     for _, (_, error) in ordered:
         if error is not None:
@@ -213,6 +234,7 @@ def _inflate_all(
     record: Mapping[str, tuple[str, str, str]],
     file_for: Callable[[zipfile.ZipInfo, bytes], Path | None],
     threads: int | None,
+    indexing: _Indexing | None = None,
     then: Callable[[zipfile.ZipInfo, Path], None] | None = None,
 ) -> None:
     workers = threads or len(os.sched_getaffinity(0))
@@ -232,7 +254,7 @@ def _inflate_all(
                 return
             try:
                 beside = info.file_size >= _BEHIND_FROM and info.file_size * workers > total
-                _inflate(source, info, record.get(info.filename, ("", "", "")), file_for, then, beside)
+                _inflate(source, info, record.get(info.filename, ("", "", "")), file_for, then, beside, indexing)
             except BaseException:
                 failed.set()  # one damaged member is enough: the rest need not be read
                 raise
@@ -249,9 +271,10 @@ def _inflate(
     file_for: Callable[[zipfile.ZipInfo, bytes], Path | None],
     then: Callable[[zipfile.ZipInfo, Path], None] | None,
     beside: bool,
+    indexing: _Indexing | None,
 ) -> None:
     try:
-        target = _inflate_checked(source, info, row, file_for, beside)
+        target = _inflate_checked(source, info, row, file_for, beside, indexing)
     # zlib_ng's stub declares `error` an instance of Exception; at run time it is the class.
     except (zipfile.BadZipFile, zlib_ng.error) as exc:  # type: ignore[misc]
         raise RocwheelsError(
@@ -268,14 +291,21 @@ def _inflate_checked(
     row: tuple[str, str, str],
     file_for: Callable[[zipfile.ZipInfo, bytes], Path | None],
     beside: bool,
+    indexing: _Indexing | None,
 ) -> Path | None:
     """Inflate ``info`` with its CRC and RECORD ``row`` checked, into the file ``file_for`` names
-    once it has seen the first inflated bytes (None: nowhere); that file."""
+    once it has seen the first inflated bytes (None: nowhere); that file. Its deflate blocks are
+    noted where ``indexing`` says."""
     algorithm, _, _ = row[1].partition("=")
     # A RECORD row's algorithm is checked by check_wheel; one hashlib does not know is not checked here.
     digest = hashlib.new(algorithm) if algorithm in hashlib.algorithms_available else None
+    indexer = (
+        IndexedInflater()
+        if indexing and info.compress_type == zipfile.ZIP_DEFLATED and info.filename in indexing.names
+        else None
+    )
     with open(source, "rb") as raw:
-        pieces = _inflated(raw, info, source)
+        pieces = _inflated(raw, info, source, indexer)
         head = b""
         while len(head) < _HEAD and (piece := next(pieces, b"")):
             head += piece
@@ -303,17 +333,23 @@ def _inflate_checked(
             f"{source}: member {info.filename} does not match its RECORD hash or size: it changed after the wheel was built",
             fix="do not install, repair or publish this file; rebuild the wheel from its recipe",
         )
+    if indexing and indexer:
+        indexing.into[info.filename] = indexer.index()
     if target:
         mode = (info.external_attr >> 16) & 0o777
         target.chmod((mode or 0o644) | 0o600)  # stay writable: the caller may patch it
     return target
 
 
-def _inflated(raw: io.BufferedReader, info: zipfile.ZipInfo, source: Path) -> Iterator[bytes]:
-    """The inflated bytes of member ``info``, at most ``_STEP`` at a time whatever its compression ratio."""
-    raw.seek(info.header_offset)
-    fields = _LOCAL.unpack(raw.read(_LOCAL.size))
-    raw.seek(fields[9] + fields[10], os.SEEK_CUR)
+def _inflated(
+    raw: io.BufferedReader, info: zipfile.ZipInfo, source: Path, indexer: IndexedInflater | None = None
+) -> Iterator[bytes]:
+    """The inflated bytes of member ``info``, at most ``_STEP`` at a time whatever its compression
+    ratio; by ``indexer`` (which notes its blocks) if given."""
+    if indexer:
+        yield from _inflated_indexed(raw, info, source, indexer)
+        return
+    _skip_local_header(raw, info)
     if info.compress_type not in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
         raise zipfile.BadZipFile(f"{source.name}: {info.filename} uses compression method {info.compress_type}")
     inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
@@ -333,6 +369,35 @@ def _inflated(raw: io.BufferedReader, info: zipfile.ZipInfo, source: Path) -> It
             yield data
         if not inflater.eof:
             raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends before its deflate stream does")
+
+
+def _skip_local_header(raw: io.BufferedReader, info: zipfile.ZipInfo) -> None:
+    raw.seek(info.header_offset)
+    fields = _LOCAL.unpack(raw.read(_LOCAL.size))
+    raw.seek(fields[9] + fields[10], os.SEEK_CUR)
+
+
+def _inflated_indexed(
+    raw: io.BufferedReader, info: zipfile.ZipInfo, source: Path, indexer: IndexedInflater
+) -> Iterator[bytes]:
+    _skip_local_header(raw, info)
+    remaining = info.compress_size
+    while remaining:
+        block = raw.read(min(remaining, _STEP // 4))
+        if not block:
+            raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
+        remaining -= len(block)
+        yield from indexer.decompress(block)
+    if not indexer.eof:
+        raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends before its deflate stream does")
+
+
+@dataclass(frozen=True)
+class _Indexing:
+    """Which members' deflate blocks to note (see :mod:`pipeline.wheel.splice`), and where."""
+
+    into: dict[str, BlockIndex]
+    names: frozenset[str]
 
 
 def _format_hash(digest: Any) -> str:  # a hashlib object
@@ -455,6 +520,33 @@ class _Writer:
     ) -> tuple[str, str, str]:
         """Write member ``name`` deflated from ``content``; its RECORD row."""
         size = len(content) if isinstance(content, bytes) else content.stat().st_size
+        start = self._begin_deflated(name, info, size)
+        digest = hashlib.sha256()
+        crc = compressed = 0
+        for chunk, deflated, chunk_crc in _deflate_chunks(pool, content, level):
+            digest.update(chunk)
+            crc = zlib_ng.crc32_combine(crc, chunk_crc, len(chunk))
+            compressed += len(deflated)
+            self.out.write(deflated)
+        self._end_deflated(start, info, crc, compressed, size)
+        return name, _format_hash(digest), str(size)
+
+    def splice(self, raw: io.BufferedReader, name: str, splice: Splice, info: zipfile.ZipInfo) -> tuple[str, str, str]:
+        """Write member ``name`` as ``splice`` says (new bytes, and ranges of its old deflate stream
+        in ``raw``); its RECORD row."""
+        start = self._begin_deflated(name, info, splice.size)
+        for piece in splice.pieces:
+            if isinstance(piece, bytes):
+                self.out.write(piece)
+            else:
+                raw.seek(splice.data_offset + piece[0])
+                _copy_range(raw, self.out, piece[1])
+        self._end_deflated(start, info, splice.crc, splice.compressed_size, splice.size)
+        return name, _format_hash(splice.sha256), str(splice.size)
+
+    def _begin_deflated(self, name: str, info: zipfile.ZipInfo, size: int) -> tuple[int, bytes, int, bool]:
+        """A deflated member's local header, its CRC and compressed size left to fill in:
+        (where it starts, the encoded name, the flags, whether it is ZIP64)."""
         zip64 = self.force_zip64 or size >= _LIMIT - (size >> 6) - 1024  # deflate may grow incompressible data a little
         offset = self.out.tell()
         encoded = name.encode("utf-8")
@@ -475,13 +567,12 @@ class _Writer:
             )
         )
         self.out.write(encoded + extra)
-        digest = hashlib.sha256()
-        crc = compressed = 0
-        for chunk, deflated, chunk_crc in _deflate_chunks(pool, content, level):
-            digest.update(chunk)
-            crc = zlib_ng.crc32_combine(crc, chunk_crc, len(chunk))
-            compressed += len(deflated)
-            self.out.write(deflated)
+        return offset, encoded, flags, zip64
+
+    def _end_deflated(
+        self, start: tuple[int, bytes, int, bool], info: zipfile.ZipInfo, crc: int, compressed: int, size: int
+    ) -> None:
+        offset, encoded, flags, zip64 = start
         end = self.out.tell()
         # Sizes and CRC are known only now: back into the local header (no data descriptor).
         if zip64:
@@ -494,7 +585,6 @@ class _Writer:
             self.out.write(struct.pack("<III", crc, compressed, size))
         self.out.seek(end)
         self._central_entry(info, crc, compressed, size, offset, flags, zipfile.ZIP_DEFLATED, name=encoded)
-        return name, _format_hash(digest), str(size)
 
     def _central_entry(
         self,
