@@ -384,12 +384,10 @@ def _output_end(index: BlockIndex, end: int, size: int) -> int:
     return size if end == len(index.digests) else index.starts[end]
 
 
-def _deflated(new: Any, start: int, end: int, level: int, *, last: bool) -> bytes:
-    """Bytes ``start`` to ``end`` of ``new`` deflated, with the 32 KiB before them as dictionary;
-    ending the stream when ``last``, else with a sync flush (byte aligned, not final)."""
-    before = max(0, start - WINDOW)
-    dictionary = os.pread(new.fileno(), start - before, before)
-    compressor = zlib_ng.compressobj(
+def raw_deflater(level: int, dictionary: bytes) -> Any:
+    """A zlib-ng compressor of raw deflate data (no header) that may refer back into ``dictionary``,
+    the output just before it."""
+    return zlib_ng.compressobj(
         level,
         zlib_ng.DEFLATED,
         -15,
@@ -397,6 +395,13 @@ def _deflated(new: Any, start: int, end: int, level: int, *, last: bool) -> byte
         zlib_ng.Z_DEFAULT_STRATEGY,
         **({"zdict": dictionary} if dictionary else {}),
     )
+
+
+def _deflated(new: Any, start: int, end: int, level: int, *, last: bool) -> bytes:
+    """Bytes ``start`` to ``end`` of ``new`` deflated, with the 32 KiB before them as dictionary;
+    ending the stream when ``last``, else with a sync flush (byte aligned, not final)."""
+    before = max(0, start - WINDOW)
+    compressor = raw_deflater(level, os.pread(new.fileno(), start - before, before))
     out = []
     position = start
     while position < end:

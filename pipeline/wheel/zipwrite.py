@@ -38,7 +38,7 @@ from zlib_ng import zlib_ng
 
 from pipeline.errors import RocwheelsError
 from pipeline.util.files import atomic_write
-from pipeline.wheel.splice import BlockIndex, IndexedInflater, Splice, plan_splice
+from pipeline.wheel.splice import BlockIndex, IndexedInflater, Splice, plan_splice, raw_deflater
 
 _PIECE = 16 << 20  # hashed per thread by piecewise_sha256
 CHUNK = 4 << 20  # per deflate job: large enough to keep the ratio, small enough to spread 1 GB over cores
@@ -666,14 +666,7 @@ def _deflate_chunks(
 
 
 def _deflate(chunk: bytes, dictionary: bytes, level: int, last: bool) -> tuple[bytes, int]:
-    compressor = zlib_ng.compressobj(
-        level,
-        zlib_ng.DEFLATED,
-        -15,
-        zlib_ng.DEF_MEM_LEVEL,
-        zlib_ng.Z_DEFAULT_STRATEGY,
-        **({"zdict": dictionary} if dictionary else {}),
-    )
+    compressor = raw_deflater(level, dictionary)
     data = compressor.compress(chunk) + compressor.flush(zlib_ng.Z_FINISH if last else zlib_ng.Z_SYNC_FLUSH)
     return data, zlib_ng.crc32(chunk)
 
