@@ -21,7 +21,7 @@ from pipeline.util.cmd import run
 from pipeline.wheel import splice
 from pipeline.wheel.rpath import set_rpath_in_place
 from pipeline.wheel.splice import LIBRARIES, BlockIndex, IndexedInflater, inflate_library, plan_splice
-from pipeline.wheel.zipwrite import extract_members, record_hash, record_rows, write_wheel
+from pipeline.wheel.zipwrite import _data_offset, extract_members, record_hash, record_rows, write_wheel
 
 DIST_INFO = "demo-1.0.dist-info"
 NAME = "demo/lib.so"
@@ -41,11 +41,10 @@ def _indexed(stream: bytes, library: str = "zlib-ng") -> tuple[bytes, BlockIndex
     return output, inflater.index()
 
 
-def _one_member_zip(folder: Path, stream: bytes) -> Path:
-    """A local header and ``stream``: all plan_splice reads of the wheel."""
-    path = folder / "old.zip"
-    name = NAME.encode()
-    path.write_bytes(b"PK\3\4" + bytes(22) + len(name).to_bytes(2, "little") + bytes(2) + name + stream)
+def _stream_file(folder: Path, stream: bytes) -> Path:
+    """``stream`` alone in a file: plan_splice reads the old stream at an offset of it (0 here)."""
+    path = folder / "old.deflate"
+    path.write_bytes(stream)
     return path
 
 
@@ -99,7 +98,7 @@ def test_a_spliced_stream_inflates_to_the_edited_bytes(
     elif isinstance(ending, int):
         del edited[ending:]  # what patchelf may leave shorter
     (folder / "new").write_bytes(edited)
-    plan = plan_splice(INDEXES[kind], folder / "new", _one_member_zip(folder, stream), 0, 5)
+    plan = plan_splice(INDEXES[kind], folder / "new", _stream_file(folder, stream), 0, 5)
     assert plan is not None
     new_stream = _spliced(stream, plan)
     assert zlib.decompress(new_stream, -15) == edited
@@ -136,7 +135,7 @@ def test_only_blocks_near_a_change_are_deflated_again(tmp_path: Path) -> None:
     edited = bytearray(ORIGINAL)
     edited[700_000] ^= 0xFF
     (tmp_path / "new").write_bytes(edited)
-    plan = plan_splice(INDEXES["zlib level 9"], tmp_path / "new", _one_member_zip(tmp_path, stream), 0, 5)
+    plan = plan_splice(INDEXES["zlib level 9"], tmp_path / "new", _stream_file(tmp_path, stream), 0, 5)
     assert plan is not None
     assert plan.redone < 200_000  # the changed block and those up to 32 KiB past it, of 1.5 MB
     kept = sum(piece[1] for piece in plan.pieces if isinstance(piece, tuple))
@@ -147,7 +146,7 @@ def test_only_blocks_near_a_change_are_deflated_again(tmp_path: Path) -> None:
 def test_an_unchanged_file_keeps_every_bit(tmp_path: Path) -> None:
     stream = STREAMS["zlib level 1"]
     (tmp_path / "new").write_bytes(ORIGINAL)
-    plan = plan_splice(INDEXES["zlib level 1"], tmp_path / "new", _one_member_zip(tmp_path, stream), 0, 5)
+    plan = plan_splice(INDEXES["zlib level 1"], tmp_path / "new", _stream_file(tmp_path, stream), 0, 5)
     assert plan is not None and plan.redone == 0
     assert _spliced(stream, plan) == stream
 
@@ -156,14 +155,14 @@ def test_bytes_that_are_not_the_indexed_stream_are_not_spliced(tmp_path: Path) -
     (tmp_path / "new").write_bytes(ORIGINAL)
     other = bytearray(STREAMS["zlib level 9"])
     other[1000] ^= 1  # same size, other bytes
-    assert plan_splice(INDEXES["zlib level 9"], tmp_path / "new", _one_member_zip(tmp_path, bytes(other)), 0, 5) is None
+    assert plan_splice(INDEXES["zlib level 9"], tmp_path / "new", _stream_file(tmp_path, bytes(other)), 0, 5) is None
 
 
 def test_a_file_mostly_changed_is_left_to_a_whole_deflate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(splice, "_LARGEST_REDONE", 64 << 10)
     (tmp_path / "new").write_bytes(os.urandom(100) + ORIGINAL[100:][::-1])
     stream = STREAMS["zlib level 1"]
-    assert plan_splice(INDEXES["zlib level 1"], tmp_path / "new", _one_member_zip(tmp_path, stream), 0, 5) is None
+    assert plan_splice(INDEXES["zlib level 1"], tmp_path / "new", _stream_file(tmp_path, stream), 0, 5) is None
 
 
 def test_a_damaged_stream_is_named_when_indexed(tmp_path: Path) -> None:
@@ -224,9 +223,9 @@ def test_a_library_with_its_rpath_set_keeps_most_of_its_compressed_bytes(tmp_pat
         assert record_rows(archive, f"{DIST_INFO}/RECORD")[NAME][1] == record_hash(tree[NAME].read_bytes())
     # What was written: the old bits but near the edits (the program headers, the search path,
     # and whatever the editor appended: a copy of the string table when the new path is longer).
-    with zipfile.ZipFile(wheel) as archive:
-        header_offset = archive.getinfo(NAME).header_offset
-    plan = plan_splice(indexes[NAME], tree[NAME], wheel, header_offset, 6)
+    with zipfile.ZipFile(wheel) as archive, wheel.open("rb") as raw:
+        data_offset = _data_offset(raw, archive.getinfo(NAME))
+    plan = plan_splice(indexes[NAME], tree[NAME], wheel, data_offset, 6)
     assert plan is not None
     appended = tree[NAME].stat().st_size - len(library)
     assert plan.redone < appended + (1 << 20)

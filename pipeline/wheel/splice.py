@@ -24,7 +24,6 @@ import ctypes.util
 import functools
 import hashlib
 import os
-import struct
 import zipfile
 from array import array
 from collections.abc import Callable, Iterator
@@ -41,7 +40,6 @@ _Z_OK, _Z_STREAM_END, _Z_BUF_ERROR, _Z_BLOCK = 0, 1, -5, 5
 _AT_BOUNDARY, _IN_LAST_BLOCK = 128, 64  # in data_type: stopped between two blocks; the last block was begun
 _EMPTY_STORED_TAIL = b"\0\0\xff\xff"  # LEN 0 and its complement, after the 3 header bits and the padding
 _EMPTY_FIXED = (0b010, 10)  # BFINAL 0, BTYPE 01 (fixed codes), then end-of-block (7 zero bits): value, bits
-_LOCAL_HEADER = struct.Struct("<4s22xHH")
 
 
 class _Stream(ctypes.Structure):
@@ -104,16 +102,20 @@ def _system_zlib() -> InflateLibrary:
     return _bind("zlib", init, library.inflate, library.inflateEnd, library.zlibVersion(), ctypes.sizeof(_Stream))
 
 
+# In the order tried: zlib-ng's, else the system's zlib.
 LIBRARIES: dict[str, Callable[[], InflateLibrary]] = {"zlib-ng": _zlib_ng, "zlib": _system_zlib}
 
 
 @functools.cache
 def inflate_library() -> InflateLibrary:
-    """zlib-ng's inflate if its module exports it, else the system's zlib."""
-    try:
-        return _zlib_ng()
-    except (OSError, AttributeError):  # a build of the module that hides its C symbols
-        return _system_zlib()
+    """The first of LIBRARIES this machine has (a build of zlib-ng's module may hide its C symbols)."""
+    *others, last = LIBRARIES.values()
+    for load in others:
+        try:
+            return load()
+        except (OSError, AttributeError):
+            continue
+    return last()
 
 
 class DamagedStream(zipfile.BadZipFile):
@@ -281,15 +283,12 @@ class _BitSink:
             self.pieces.append(data)
 
 
-def plan_splice(index: BlockIndex, edited: Path, wheel: Path, header_offset: int, level: int) -> Splice | None:
-    """How to write ``edited`` as the member at ``header_offset`` of ``wheel``, whose old stream
-    ``index`` describes, with only the changed blocks deflated anew (at ``level``); None when that
-    member's bytes are not the ones indexed, or when most of it changed (deflate it whole)."""
+def plan_splice(index: BlockIndex, edited: Path, wheel: Path, data_offset: int, level: int) -> Splice | None:
+    """How to write ``edited`` in place of the deflate stream at ``data_offset`` of ``wheel``,
+    which ``index`` describes, with only the changed blocks deflated anew (at ``level``); None
+    when the bytes there are not the ones indexed, or when most of it changed (deflate it whole)."""
     with wheel.open("rb") as source:
-        source.seek(header_offset)
-        signature, name_length, extra_length = _LOCAL_HEADER.unpack(source.read(_LOCAL_HEADER.size))
-        data_offset = header_offset + _LOCAL_HEADER.size + name_length + extra_length
-        if signature != b"PK\3\4" or _stream_crc(source, data_offset, index.compressed_size) != index.compressed_crc:
+        if _stream_crc(source, data_offset, index.compressed_size) != index.compressed_crc:
             return None
         with edited.open("rb") as new:
             size, crc, sha256, dirty = _compare(index, new)

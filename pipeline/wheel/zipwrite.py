@@ -118,7 +118,7 @@ def write_wheel(
 
             # Planned ahead, one member per thread: each reads its file whole (for RECORD's hash).
             splices = {
-                member.filename: pool.submit(plan_splice, index, content, source, member.header_offset, level)
+                member.filename: pool.submit(plan_splice, index, content, source, _data_offset(raw, member), level)
                 for member in archive.infolist()
                 if isinstance(content := changed.get(member.filename), Path)
                 and (index := (indexes or {}).get(member.filename))
@@ -346,50 +346,41 @@ def _inflated(
 ) -> Iterator[bytes]:
     """The inflated bytes of member ``info``, at most ``_STEP`` at a time whatever its compression
     ratio; by ``indexer`` (which notes its blocks) if given."""
-    if indexer:
-        yield from _inflated_indexed(raw, info, source, indexer)
-        return
-    _skip_local_header(raw, info)
+    raw.seek(_data_offset(raw, info))
     if info.compress_type not in (zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED):
         raise zipfile.BadZipFile(f"{source.name}: {info.filename} uses compression method {info.compress_type}")
-    inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+    inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED and not indexer else None
+
+    def inflate(block: bytes) -> Iterator[bytes]:
+        if indexer:
+            yield from indexer.decompress(block)
+        elif inflater:
+            while block:
+                data = inflater.decompress(block, _STEP)
+                block = inflater.unconsumed_tail
+                if data:
+                    yield data
+        else:
+            yield block
+
     remaining = info.compress_size
     while remaining:
-        block = raw.read(min(remaining, _STEP // 4 if inflater else _STEP))
+        block = raw.read(min(remaining, _STEP // 4 if indexer or inflater else _STEP))
         if not block:
             raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
         remaining -= len(block)
-        while block:
-            data = inflater.decompress(block, _STEP) if inflater else block
-            block = inflater.unconsumed_tail if inflater else b""
-            if data:
-                yield data
-    if inflater:
-        while data := inflater.decompress(b"", _STEP):
-            yield data
-        if not inflater.eof:
-            raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends before its deflate stream does")
-
-
-def _skip_local_header(raw: io.BufferedReader, info: zipfile.ZipInfo) -> None:
-    raw.seek(info.header_offset)
-    fields = _LOCAL.unpack(raw.read(_LOCAL.size))
-    raw.seek(fields[9] + fields[10], os.SEEK_CUR)
-
-
-def _inflated_indexed(
-    raw: io.BufferedReader, info: zipfile.ZipInfo, source: Path, indexer: IndexedInflater
-) -> Iterator[bytes]:
-    _skip_local_header(raw, info)
-    remaining = info.compress_size
-    while remaining:
-        block = raw.read(min(remaining, _STEP // 4))
-        if not block:
-            raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends early")
-        remaining -= len(block)
-        yield from indexer.decompress(block)
-    if not indexer.eof:
+        yield from inflate(block)
+    while inflater and (data := inflater.decompress(b"", _STEP)):
+        yield data
+    if (indexer and not indexer.eof) or (inflater and not inflater.eof):
         raise zipfile.BadZipFile(f"{source.name}: {info.filename} ends before its deflate stream does")
+
+
+def _data_offset(raw: io.BufferedReader, info: zipfile.ZipInfo) -> int:
+    """Where member ``info``'s data starts in the archive ``raw``: past its local header."""
+    raw.seek(info.header_offset)
+    name_length, extra_length = _LOCAL.unpack(raw.read(_LOCAL.size))[9:]
+    return int(info.header_offset + _LOCAL.size + name_length + extra_length)
 
 
 @dataclass(frozen=True)
