@@ -1,7 +1,7 @@
 # rocwheels: every target creates/uses the project venv itself.
 #   make demo                        canary: build -> repair -> verify -> publish -> install, in build/demo/
 #   make lint                        ruff (lint, format) and mypy on pipeline/; make test runs it first
-#   make check                       the quick tests, under 3 min: none that needs hipcc, a container engine,
+#   make check                       the quick tests, under 3 min: none that needs hipcc, musl-gcc, a container engine,
 #                                    a loopback server or a package registry, none marked slow
 #   make test                        the whole test suite (installs hipcc/podman when missing, as root;
 #                                    act and gitlab-ci-local, which run the CI templates, too)
@@ -92,7 +92,7 @@ lint: $(VENV)/.test-tools
 
 # The markers are pyproject.toml's; tests/conftest.py also marks every test by the fixtures it uses.
 check: lint
-	$(BIN)/python -m pytest -q -m 'not hipcc and not container and not network and not slow'
+	$(BIN)/python -m pytest -q -m 'not hipcc and not musl and not container and not network and not slow'
 
 test: lint system-deps $(GITLAB_CI_LOCAL)
 	$(BIN)/python -m pytest -q

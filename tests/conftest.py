@@ -35,7 +35,7 @@ pytest_plugins = ("tests.helpers.hip_wheels",)
 
 # The fixtures that give a test what `make check` leaves out (pyproject.toml has the markers): a
 # test using one, directly or through another fixture, carries its marker without saying so.
-MARKER_OF_FIXTURE = {"hipcc": "hipcc", "podman_engine": "container", "static_server": "network"}
+MARKER_OF_FIXTURE = {"hipcc": "hipcc", "musl_gcc": "musl", "podman_engine": "container", "static_server": "network"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -44,6 +44,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture, marker in MARKER_OF_FIXTURE.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
+
+
+@pytest.fixture(scope="session")
+def musl_gcc() -> str:
+    found = shutil.which("musl-gcc")
+    if found is None:
+        pytest.fail("musl-gcc is not installed: apt-get install -y musl-tools (make test installs it)")
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -188,7 +188,9 @@ def _assert_sound_headers(library: Path) -> None:
     assert all(end <= next_start for (_, end), (next_start, _) in zip(loads, loads[1:]))
 
 
-def test_a_path_set_in_a_new_segment_serves_musl_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_path_set_in_a_new_segment_serves_musl_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, musl_gcc: str
+) -> None:
     musl = (
         Elf("bin/program", needs=("top/libtop.so",), rpath="{build}/top", musl=True, program=True),
         Elf("top/libtop.so", needs=("dep/libdep.so",), musl=True),
