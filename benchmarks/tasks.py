@@ -5,6 +5,7 @@ python tasks.py rewrite WHEEL OUT_DIR        read every member, write a new zip 
 python tasks.py repair WHEEL OUT_DIR LOG     pipeline.repair.repair.repair_wheel with its defaults
 python tasks.py floor WHEEL OUT_DIR CHANGED LEVEL CHUNK
                                              the members named in CHANGED inflated and deflated again
+python tasks.py read WHEEL                   every ELF member inflated up to its dynamic section, to nothing
 python tasks.py analyze WHEEL                pipeline.wheel.analyze.analyze_wheel
 python tasks.py pip-install WHEEL SCRATCH CODE
                                              python -m venv, pip install WHEEL, python -c CODE
@@ -16,9 +17,11 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -120,6 +123,78 @@ def floor(wheel: Path, out: Path, changed_list: Path, level: int, chunk: int) ->
         _copy_range(source, sink, directory, wheel.stat().st_size)
 
 
+# An ELF header's (e_machine, e_phoff, e_phentsize, e_phnum) and a program header's (p_type,
+# p_offset, p_filesz), by (ELF class, byte order) as e_ident gives them.
+_ELF_HEADER = {(2, 1): "<18xH12xQ14xHH", (2, 2): ">18xH12xQ14xHH", (1, 1): "<18xH8xI10xHH", (1, 2): ">18xH8xI10xHH"}
+_PROGRAM_HEADER = {(2, 1): "<I4xQ16xQ", (2, 2): ">I4xQ16xQ", (1, 1): "<II8xI", (1, 2): ">II8xI"}
+_PT_DYNAMIC, _EM_AMDGPU = 2, 224
+
+
+def _dynamic_end(head: bytes) -> int | None:
+    """How far into an ELF file starting with ``head`` a reader must go for its dynamic section
+    (0: it has none, or is a GPU code object, which no loader reads); None while ``head`` is too
+    short to tell."""
+    if len(head) < 64:
+        return None
+    kind = (head[4], head[5])
+    if kind not in _ELF_HEADER:
+        return 0
+    machine, phoff, phentsize, phnum = struct.unpack_from(_ELF_HEADER[kind], head)
+    if machine == _EM_AMDGPU:
+        return 0
+    if len(head) < phoff + phnum * phentsize:
+        return None
+    ends = [
+        offset + size
+        for index in range(phnum)
+        for kind_of, offset, size in [struct.unpack_from(_PROGRAM_HEADER[kind], head, phoff + index * phentsize)]
+        if kind_of == _PT_DYNAMIC
+    ]
+    return max(ends, default=0)
+
+
+def read(wheel: Path) -> None:
+    """The least any repair reads, which the floor leaves out: which members change it learns from
+    each ELF file's dynamic section (NEEDED, RPATH), which lies past the file's code. So every
+    member's first bytes are inflated, and an ELF member's up to the end of its dynamic segment, on
+    all cores, to nothing: no hashes, no files written."""
+    from zlib_ng import zlib_ng
+
+    with zipfile.ZipFile(wheel) as archive:
+        queue = iter(sorted((i for i in archive.infolist() if not i.is_dir()), key=lambda i: -i.file_size))
+    taking = threading.Lock()
+
+    def inflate(info: zipfile.ZipInfo, raw: io.BufferedReader) -> None:
+        raw.seek(info.header_offset + 26)
+        name_length, extra_length = struct.unpack("<HH", raw.read(4))
+        raw.seek(name_length + extra_length, os.SEEK_CUR)
+        inflater = zlib_ng.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+        head, end, done, left = b"", None, 0, info.compress_size
+        while left and (end is None or done < end):
+            block = raw.read(min(left, CHUNK))
+            left -= len(block)
+            data = inflater.decompress(block) if inflater else block
+            done += len(data)
+            if end is None:
+                head += data[: 1 << 16]
+                if len(head) >= 4 and not head.startswith(b"\x7fELF"):
+                    return
+                end = _dynamic_end(head)
+
+    def worker() -> None:
+        with wheel.open("rb") as raw:
+            while True:
+                with taking:
+                    info = next(queue, None)
+                if info is None:
+                    return
+                inflate(info, raw)
+
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        for done in [pool.submit(worker) for _ in range(len(os.sched_getaffinity(0)))]:
+            done.result()
+
+
 def _copy_range(source: io.BufferedReader, sink: io.BufferedWriter, start: int, end: int) -> None:
     """Bytes [start, end) of ``source`` appended to ``sink``, in the kernel."""
     sink.flush()
@@ -208,6 +283,9 @@ def main(argv: list[str]) -> int:
     task, *rest = argv
     if task == "bigwheel":
         bigwheel(Path(rest[0]), Path(rest[1]), rest[2])
+        return 0
+    if task == "read":
+        read(Path(rest[0]))
         return 0
     if task == "floor":
         floor(Path(rest[0]), Path(rest[1]), Path(rest[2]), int(rest[3]), int(rest[4]))

@@ -35,6 +35,7 @@ from auditwheel.wheeltools import get_wheel_architecture, get_wheel_libc
 
 from pipeline.errors import RocwheelsError
 from pipeline.repair.auditwheel_symbols import read_once
+from pipeline.util.files import link_files
 from pipeline.util.interrupts import SIGNALS, held_while
 from pipeline.wheel.elf import read_elf
 from pipeline.wheel.rpath import edit_in_place
@@ -70,19 +71,8 @@ class Verdict:
     grafts: dict[str, tuple[str, ...]]
 
 
-def analyze(
-    wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None, *, who_needs: WhoNeeds
-) -> Verdict:
-    """auditwheel's verdict on ``wheel`` (whose ELF ``members`` are listed), as ``repair --plat`` sees it.
-
-    The tag is one the contents allow: without ``plat`` the best one auditwheel finds, with it
-    only if no symbol version, ISA level or blacklisted symbol forbids it (else an error).
-    """
-    return _verdict(wheel, _judge(wheel, members, excludes, plat), who_needs)
-
-
 class AnalysisAside:
-    """``analyze`` in a process of its own, started on entering (its imports overlap the caller's
+    """auditwheel's verdict in a process of its own, started on entering (its imports overlap the caller's
     work): the caller patches and deflates meanwhile, and auditwheel's pure-Python analysis does
     not compete with it for the GIL (as it would in a thread: benchmarks/README.md). Leaving waits
     for it, or, on an error, stops it; its temporary files go into ``temp`` (the caller's, removed
@@ -126,7 +116,12 @@ class AnalysisAside:
         *,
         who_needs: WhoNeeds,
     ) -> Callable[[], Verdict]:
-        """Start ``analyze``; the function returned waits for its verdict (or raises its error)."""
+        """Start auditwheel's verdict on ``wheel`` (whose ELF ``members`` are listed), as ``repair --plat``
+        sees it; the function returned waits for it (or raises its error). ``wheel`` is a wheel file,
+        or a folder named like one that holds its files unpacked (linked, not copied, for auditwheel).
+
+        The tag is one the contents allow: without ``plat`` the best one auditwheel finds, with it
+        only if no symbol version, ISA level or blacklisted symbol forbids it (else an error)."""
         outcome = self._run(_judge, wheel, tuple(members), tuple(excludes), plat)
         return lambda: _verdict(wheel, self._answer(outcome), who_needs)
 
@@ -192,7 +187,7 @@ _ANALYSES: dict[str, tuple[WheelAbIInfo, Policy]] = {}
 
 
 def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: str | None) -> Verdict | str:
-    """``analyze``'s work: the verdict, or the soname of a library that could not be located."""
+    """``submit``'s work: the verdict, or the soname of a library that could not be located."""
     try:
         architecture = get_wheel_architecture(wheel.name)
     except (WheelToolsError, NonPlatformWheelError):
@@ -206,7 +201,7 @@ def _judge(wheel: Path, members: Sequence[str], excludes: Sequence[str], plat: s
     # have changed it since.
     load_ld_paths.cache_clear()
     try:
-        with _auditwheel_quiet(), read_once():
+        with _auditwheel_quiet(), read_once(), _folder_linked():
             abi = analyze_wheel_abi(
                 libc,
                 architecture,
@@ -370,6 +365,26 @@ class _InPlacePatcher(ElfPatcher):  # type: ignore[misc]  # auditwheel ships no 
             self._patchelf.set_rpath(target, update.rpath)
         elif update.clear_rpath:
             self._patchelf.clear_rpath(target)
+
+
+@contextlib.contextmanager
+def _folder_linked() -> Iterator[None]:
+    """auditwheel's unpacking of a wheel that is a folder of its unpacked files (repair's): its files
+    are linked into auditwheel's folder, not copied (:func:`link_files`). A zip is unpacked as ever."""
+    replaced = auditwheel.wheeltools.zip2dir
+
+    def zip2dir(zip_fname: Path, out_dir: Path) -> None:
+        if not zip_fname.is_dir():
+            replaced(zip_fname, out_dir)
+            return
+        files = (path for path in zip_fname.rglob("*") if not path.is_dir())
+        link_files({path.relative_to(zip_fname).as_posix(): path for path in files}, out_dir)
+
+    auditwheel.wheeltools.zip2dir = zip2dir
+    try:
+        yield
+    finally:
+        auditwheel.wheeltools.zip2dir = replaced
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ Read top to bottom as the steps:
 1. check the raw wheel (auditwheel answers a damaged one with a traceback); a wheel this repair
    wrote before, with the same settings, is copied as it is;
 2. unpack its ELF files only, and ask auditwheel's library API, in a process of its own, for its
-   verdict on them, every ROCm library and the recipe's excludes left out: the platform tag, and
-   what it would graft;
+   verdict on them (hard links to them, not copies), every ROCm library and the recipe's excludes
+   left out: the platform tag, and what it would graft;
 3. meanwhile, rewrite the RPATH of every ELF file: ROCm from ``rocm_lib_dir``, linked packages'
    libraries through ``$ORIGIN``-relative paths into site-packages, grafted ones from
    ``<pkg>.libs``; build-machine paths go; and write a wheel with them aside (pipeline/wheel/zipwrite.py:
@@ -44,7 +44,7 @@ from pipeline.config.layout import cache_dir
 from pipeline.config.toolchain import rocm_lib_dir as default_rocm_lib_dir
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import LinkPackage, RocmPolicy, load_policy
-from pipeline.util.files import writes_into
+from pipeline.util.files import link_files, unshare, writes_into
 from pipeline.util.log import LOGGER, AnyLogger
 from pipeline.wheel.zipwrite import (
     Added,
@@ -252,8 +252,10 @@ def repair_wheel(
         indexes: dict[str, BlockIndex] = {}
         tree = extract_members(raw_wheel, elf_names, work / "tree", record=record, threads=threads, indexes=indexes)
         unpacked = time.monotonic()
-        # auditwheel judges a wheel of the ELF files alone, stored: it unpacks only what it reads.
-        (work / "skeleton").mkdir()
+        # auditwheel judges the ELF files alone, as an unpacked wheel: a folder named like the wheel
+        # whose files are hard links to the tree's, linked again into auditwheel's own folder rather
+        # than copied twice (flydsl: 271 MB). A file of the tree is made its own before an edit
+        # (_relink), so auditwheel reads the raw wheel's bytes.
         dist_info_texts = {
             f"{raw.dist_info}/WHEEL": wheel_text,
             f"{raw.dist_info}/METADATA": metadata_text,
@@ -270,11 +272,11 @@ def repair_wheel(
                 ]
             ),
         }
-        skeleton = write_stored(
-            work / "skeleton" / raw_wheel.name,
-            {name: (path, members[name].CRC) for name, path in tree.items()},
-            dist_info_texts,
-        )
+        judged = work / "judged" / raw_wheel.name
+        link_files(tree, judged)
+        (judged / raw.dist_info).mkdir(exist_ok=True)
+        for name, text in dist_info_texts.items():
+            judged.joinpath(*name.split("/")).write_text(text, encoding="utf-8")
 
         pinned = pin_requirements(metadata_text, settings.requires_pins) if settings.requires_pins else metadata_text
         early_changes: dict[str, bytes | Path] = {}
@@ -284,7 +286,7 @@ def repair_wheel(
         def who_needs() -> list[tuple[str, Path, Sequence[str]]]:
             return [(name, path, info.needed) for name, path, info in _elf_infos(raw_wheel, tree)]
 
-        verdict_of = aside.submit(skeleton, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
+        verdict_of = aside.submit(judged, elf_names, policy.excludes, settings.plat, who_needs=who_needs)
         # The other members' hashes are checked while auditwheel analyses (inflated to nothing). At
         # the same CPU priority: with the analysis read once per file (auditwheel_symbols), it is
         # seldom what the repair waits for, and a lower priority starved this work on a busy machine.
@@ -330,7 +332,7 @@ def repair_wheel(
         if verdict.grafts:
             # The wheel set aside stays the base: only what auditwheel changes or adds (its RPATHs
             # set again; for the files patched ahead, setting them again changes nothing) is new.
-            # auditwheel's repair, with the analysis it just made, of the skeleton's files it changes.
+            # auditwheel's repair, with the analysis it just made, of the judged files it changes.
             # The files it edits are edited in place in the tree (empty stand-ins in its folder), but
             # for ELF scripts, which it moves: those it gets whole.
             scripts = {name for name in verdict.grafts if _is_script(name)}
@@ -343,7 +345,7 @@ def repair_wheel(
                 {**dict.fromkeys(stand_ins, ""), **dist_info_texts},
             )
             (work / "auditwheel").mkdir()
-            grafted, edited = aside.graft(skeleton, part, work / "auditwheel", stand_ins)
+            grafted, edited = aside.graft(judged, part, work / "auditwheel", stand_ins)
             changed, added, dropped = _taken_from(grafted, part, tree, members, work / "grafted")
             changed.update({name: tree[name] for name in edited})
             relinked = _relink(
@@ -648,6 +650,7 @@ def _relink(
         wanted = _wanted_rpath(wheel, name, info.needed, current, policy, settings)
         if wanted == current and not info.runpath:
             continue
+        unshare(path)  # the file auditwheel's analysis may be reading keeps its bytes
         # DT_RPATH, deliberately, as auditwheel sets it for grafted libraries: unlike DT_RUNPATH it
         # also applies to the dependencies of dependencies (a grafted or linked library that needs
         # ROCm without a path of its own still finds rocm_lib_dir), and to their dlopen() calls.

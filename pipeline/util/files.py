@@ -1,4 +1,5 @@
-"""Writing a file so that readers see the old bytes or the new ones, never half; and a file's sha256."""
+"""Writing a file so that readers see the old bytes or the new ones, never half; a file's sha256;
+files shared by hard links, and made one's own again before an edit."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import errno
 import hashlib
 import io
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, NoReturn
@@ -114,6 +116,29 @@ def writes_into(place: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         raise_write_error(exc, place)
+
+
+def link_files(files: Mapping[str, Path], dest: Path) -> None:
+    """Each file of ``files`` (relative name -> file) under folder ``dest`` by that name: a hard link
+    (no bytes copied), or a copy where the file system has none or ``dest`` is on another."""
+    for name, source in files.items():
+        target = dest.joinpath(*name.split("/"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                raise
+            shutil.copy2(source, target)
+
+
+def unshare(path: Path) -> None:
+    """``path`` made a file of its own when hard links share it (:func:`link_files`): an edit of it
+    in place then reaches no other name. Its bytes and permissions are kept."""
+    if path.stat().st_nlink > 1:
+        own = path.with_name(f".{path.name}.{run_mark()}{PARTIAL_SUFFIX}")
+        shutil.copy2(path, own)
+        os.replace(own, path)
 
 
 def _umask() -> int:

@@ -1,10 +1,10 @@
 """Which platform tag a wheel's contents allow: the symbol-version analysis of auditwheel's
 policies (the glibc, libstdc++, libgcc ... versions each manylinux/musllinux policy offers).
 
-verify asks of every wheel (repair runs auditwheel's whole analysis in ``audit.analyze``): a
+verify asks of every wheel (repair runs auditwheel's whole analysis in ``AnalysisAside.submit``): a
 ``manylinux_2_X`` tag is a promise that the wheel runs on any distribution with glibc 2.X, and
 only the contents can keep it. The versions come from each ELF file's DT_VERNEED
-(``.gnu.version_r``), read while ``analyze`` has the file on disk anyway: auditwheel's whole-wheel
+(``.gnu.version_r``), read while that analysis has the file on disk anyway: auditwheel's whole-wheel
 analysis unpacks the wheel again and walks every symbol table (158 s on a 192 MB torch wheel here).
 """
 
