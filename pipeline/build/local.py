@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.build.compiler_cache import RemoteCache, SccacheServer, remote_cache
+from pipeline.build.environment import installs_for, make_environment
 from pipeline.build.sources import fetch_build_wheels, prepare_source
 from pipeline.config.layout import Layout, fresh_dir
 from pipeline.config.rocm_wheels import rocm_sdk_env
@@ -122,36 +123,18 @@ def start_log(step: BuildDescription, layout: Layout, where: str) -> Path:
 
 def _build_venv(step: BuildDescription, layout: Layout, venv: Path, log_file: Path, logger: RecipeLogger) -> Path:
     """A fresh venv with pypa/build, the recipe's build requirements and its dependencies' wheels."""
-    run([sys.executable, "-m", "venv", venv], log_file=log_file, logger=logger)
     for name, version in step.dependencies:
         accepted_wheels(layout.wheelhouse, name, version)  # fail early and clearly if one is missing
-    # pip picks the dependency wheel matching this Python from the wheelhouse.
-    pip: list[str | os.PathLike[str]] = [
-        venv / "bin" / "python",
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "-q",
-    ]
-    if step.constraints:
-        # The line's locked build environment, every file hash-checked; what follows is satisfied by it.
-        run([*pip, "--require-hashes", "--no-deps", "-r", step.constraints], log_file=log_file, logger=logger)
-    build_wheels = fetch_build_wheels(step.recipe, layout.recipes_dir, logger)
-    if build_wheels:
-        # Prebuilt wheels the package is built against (hash-checked when fetched). No bytecode:
-        # a throwaway venv, and compiling torch's thousands of modules is most of an install's time.
-        run([*pip, "--no-compile", *build_wheels], log_file=log_file, logger=logger)
-    if step.rocm_wheels:
-        run(
-            [*pip, "--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build],
-            log_file=log_file,
-            logger=logger,
-        )
-    pins = [f"{name}=={version}" for name, version in step.dependencies]
-    links: list[str | os.PathLike[str]] = ["--find-links", layout.wheelhouse] if pins else []
-    run([*pip, *links, "build", *step.recipe.build.requires, *pins], log_file=log_file, logger=logger)
-    return venv
+    installs = installs_for(
+        step,
+        constraints=str(step.constraints) if step.constraints else None,
+        build_wheels=[str(path) for path in fetch_build_wheels(step.recipe, layout.recipes_dir, logger)],
+        # pip picks the dependency wheel matching this Python from the wheelhouse.
+        find_links=[str(layout.wheelhouse)] if step.dependencies else [],
+        dependencies=step.dependencies,
+        tools=["build"],
+    )
+    return make_environment(sys.executable, venv, installs, log_file=log_file, logger=logger)
 
 
 def find_wheels(folder: Path, dist_name: str, version: str, label: str | None = None) -> list[Path]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pipeline.build.container import builder_image, require_pinned
 from pipeline.build.engine import Engine, detect_engine
+from pipeline.build.environment import installs_for
 from pipeline.build.jobs import CONTAINER_MEMORY, HostCapacity, RecipeProfile, container_capacity, record_profile
 from pipeline.build.local import find_wheels
 from pipeline.build.sources import fetch_build_wheels, prepare_source
@@ -25,7 +26,7 @@ from pipeline.config.toolchain import python_tag
 from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
-from pipeline.preflight.job import COMPILES, PreflightJob, installs_for, job_for, preflight_source
+from pipeline.preflight.job import COMPILES, PreflightJob, job_for, preflight_source
 from pipeline.preflight.report import RecipePreflight, Step
 from pipeline.util.cmd import run
 from pipeline.util.log import recipe_logger

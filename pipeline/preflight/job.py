@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline.build.cache_pass import CompileCommand, cache_pass
 from pipeline.build.diagnose import first_error, first_error_in
+from pipeline.build.environment import make_environment
 from pipeline.build.jobs import HostCapacity, jobs_for
 from pipeline.config.models import Model
 from pipeline.config.recipes import DEFAULT_UNIT_TIME_LIMIT, Preflight, PreflightSample
@@ -91,31 +92,6 @@ def job_for(
         unit_time_limit=unit_time_limit or (preflight.unit_time_limit if preflight else DEFAULT_UNIT_TIME_LIMIT),
         where=where,
     )
-
-
-def installs_for(
-    step: BuildDescription,
-    *,
-    constraints: str | None,
-    build_wheels: Sequence[str],
-    find_links: Sequence[str],
-    dependencies: Sequence[tuple[str, str]],
-) -> list[list[str]]:
-    """The build environment's installs, as a build makes it: the line's hashed constraints first,
-    then the recipe's build wheels, a `wheels` line's ROCm, its requirements and the ``dependencies``
-    (those of its depends_on builds the wheelhouse holds)."""
-    installs: list[list[str]] = []
-    if constraints:
-        installs.append(["--require-hashes", "--no-deps", "-r", constraints])
-    if build_wheels:
-        installs.append(["--no-compile", *build_wheels])
-    if step.rocm_wheels:
-        installs.append(["--extra-index-url", step.rocm_wheels.index_url, *step.rocm_wheels.build])
-    pins = [f"{name}=={version}" for name, version in dependencies]
-    wanted = [*step.recipe.build.requires, *pins]
-    if wanted:
-        installs.append([*(arg for folder in find_links for arg in ("--find-links", folder)), *wanted])
-    return installs
 
 
 @dataclass(frozen=True)
@@ -341,17 +317,7 @@ def _code_objects(output: Path) -> tuple[str, ...]:
 
 
 def _build_environment(job: PreflightJob, venv: Path, log_file: Path, logger: RecipeLogger) -> str:
-    run([job.python, "-m", "venv", venv], log_file=log_file, logger=logger)
-    pip: list[str | os.PathLike[str]] = [
-        venv / "bin" / "python",
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "-q",
-    ]
-    for args in job.installs:
-        run([*pip, *args], log_file=log_file, logger=logger)
+    make_environment(job.python, venv, job.installs, log_file=log_file, logger=logger)
     return f"{len(job.installs)} install(s)"
 
 
