@@ -3,7 +3,7 @@
 #   make lint                        ruff (lint, format) and mypy on pipeline/; make test runs it first
 #   make check                       the quick tests, under 3 min: none that needs hipcc, musl-gcc, a container engine,
 #                                    a loopback server or a package registry, none marked slow
-#   make test                        the whole test suite (installs hipcc/podman when missing, as root;
+#   make test                        the whole test suite (installs hipcc/ccache/podman when missing, as root;
 #                                    act and gitlab-ci-local, which run the CI templates, too)
 #   make wheels ARCH=gfx942          build, repair and verify every recipe of the lock line
 #   make wheels ARCH=gfx90a RECIPES=rocm-canary DRIVER=local
@@ -32,7 +32,7 @@ export HIP_PLATFORM := amd
 # containers, a container registry on loopback for the `lock pin` tests, Redis for the shared
 # compiler cache tests, musl-gcc for the loader tests, unzip to check ZIP64 archives, and rsync,
 # with which gitlab-ci-local gives each job its copy of the checkout.
-SYSTEM_PACKAGES := hipcc podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip rsync
+SYSTEM_PACKAGES := hipcc ccache podman runc debootstrap docker-registry docker.io redis-server musl-tools unzip rsync
 
 FORCE:
 

@@ -189,6 +189,16 @@ def test_broken_wheels_fail_before_auditwheel(
     assert not wheelhouse.exists()
 
 
+def test_a_platform_wheel_without_compiled_code_is_named(platform_wheel: Callable[..., Path], tmp_path: Path) -> None:
+    # No ELF member means an empty folder of links for auditwheel: it once crashed on the missing folder.
+    raw = platform_wheel(tmp_path / "raw", "alpha", {"alpha/__init__.py": b"x = 1\n"})
+    wheelhouse = tmp_path / "wheelhouse"
+    with pytest.raises(RocwheelsError, match="no compiled code") as failure:
+        repair_wheel(raw, wheelhouse)
+    assert raw.name in str(failure.value) and failure.value.fix
+    assert not wheelhouse.exists() or not list(wheelhouse.iterdir())
+
+
 def test_wheel_file_tags_are_replaced_in_place() -> None:
     text = (
         "Wheel-Version: 1.0\nGenerator: x\nRoot-Is-Purelib: false\nTag: py2-none-linux_x86_64\n"
