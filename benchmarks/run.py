@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # testwheel sits beside this file, and python puts this file's folder on sys.path.
-from testwheel import describe, ensure_test_wheel
+from testwheel import JsonObject, describe, ensure_test_wheel
 
 from pipeline.errors import RocwheelsError
 from pipeline.repair.policy import load_policy
@@ -255,7 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print(f"machine: {os.cpu_count()} cores, load average {_load()} at start", flush=True)
     config = tomllib.loads((HERE / "targets.toml").read_text())
-    report: dict = {"cpus": os.cpu_count(), "repeat": args.repeat, "load_average_start": os.getloadavg(), "wheels": {}}
+    report: JsonObject = {
+        "cpus": os.cpu_count(),
+        "repeat": args.repeat,
+        "load_average_start": os.getloadavg(),
+        "wheels": {},
+    }
     rows: list[Row] = []
 
     def part(title: str, work: Callable[[], list[Row]]) -> None:
@@ -393,7 +398,7 @@ def _pypi_wheel(pinned: PypiWheel, folder: Path) -> Path:
 
 def _run_once(
     m: Measurement, wheel: Path, run_dir: Path, round_: int, env: dict[str, str], timeout: float | None = None
-) -> tuple[dict, Path | None]:
+) -> tuple[JsonObject, Path | None]:
     """One run of ``m`` on ``wheel`` through measure.py: its result, and the wheel it wrote (if any).
     With ``timeout``, a run stopped at the limit or failing is a result ("timed_out", "returncode");
     without, a failing run is an error."""
@@ -429,10 +434,10 @@ def _run_once(
 
 def _rounds(
     measurements: Sequence[Measurement], inputs: dict[str, Path], run_dir: Path, repeat: int, env: dict[str, str]
-) -> tuple[dict[str, list[dict]], dict[str, Path]]:
+) -> tuple[dict[str, list[JsonObject]], dict[str, Path]]:
     """Every measurement ``repeat`` times, round robin, so drift (page cache, a neighbour's load)
     spreads over all alike: the runs of each, and the last wheel each wrote."""
-    results: dict[str, list[dict]] = {m.key: [] for m in measurements}
+    results: dict[str, list[JsonObject]] = {m.key: [] for m in measurements}
     kept: dict[str, Path] = {}
     for round_ in range(1, repeat + 1):
         for m in measurements:
@@ -455,7 +460,7 @@ def _measure_env(run_dir: Path) -> dict[str, str]:
     return {**os.environ, "PATH": path, "ROCWHEELS_CACHE": str(run_dir / "rocwheels-cache")}
 
 
-def _measure_wheel(wheel: Path, run_dir: Path, repeat: int) -> tuple[dict[str, list[dict]], list[str]]:
+def _measure_wheel(wheel: Path, run_dir: Path, repeat: int) -> tuple[dict[str, list[JsonObject]], list[str]]:
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     env = _measure_env(run_dir)
@@ -553,7 +558,7 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _zip64(generated: Path, cache: Path, timeout: float) -> dict:
+def _zip64(generated: Path, cache: Path, timeout: float) -> JsonObject:
     """A wheel above 4 GiB (made once, cached): repaired by rocwheels, the result verified by two
     readers; then by auditwheel, stopped at ``timeout`` seconds. Each once: the wheel is 4.25 GiB."""
     # One per generated wheel (its folder names its size and generator version); the version in
@@ -610,7 +615,7 @@ def _zip64(generated: Path, cache: Path, timeout: float) -> dict:
     return {"size_gib": wheel.stat().st_size / GIB, "repair": result, "auditwheel": reference, "problems": problems}
 
 
-def _smoke(folder: Path, repeat: int, arch: str) -> dict:
+def _smoke(folder: Path, repeat: int, arch: str) -> JsonObject:
     """``rocwheels verify`` of the canary (smoke test included) against the same install by hand."""
     canary = _canary(folder, arch)
     run_dir = folder / "run"
@@ -676,7 +681,7 @@ def _canary(folder: Path, arch: str) -> Path:
 
 def _canary_smoke_code() -> str:
     """The canary recipe's smoke code: what its user would run after installing it."""
-    return tomllib.loads((ROOT / "recipes" / f"{CANARY}.toml").read_text())["smoke"]["code"]
+    return str(tomllib.loads((ROOT / "recipes" / f"{CANARY}.toml").read_text())["smoke"]["code"])
 
 
 def _warm_page_cache(wheel: Path) -> None:
@@ -686,7 +691,7 @@ def _warm_page_cache(wheel: Path) -> None:
             pass
 
 
-def _summarize(results: dict[str, list[dict]]) -> dict[str, dict]:
+def _summarize(results: dict[str, list[JsonObject]]) -> dict[str, JsonObject]:
     summary = {}
     for key, runs in results.items():
         seconds = [r["seconds"] for r in runs]
@@ -702,7 +707,7 @@ def _summarize(results: dict[str, list[dict]]) -> dict[str, dict]:
     return summary
 
 
-def _print_table(summary: dict[str, dict], measurements: Sequence[Measurement]) -> None:
+def _print_table(summary: dict[str, JsonObject], measurements: Sequence[Measurement]) -> None:
     print(
         f"\n  {'measurement':<52} {'median s':>9} {'min-max s':>13} {'CPU s':>7} {'peak RSS MB':>12} {'output MB':>10} {'load':>5}"
     )
@@ -715,11 +720,11 @@ def _print_table(summary: dict[str, dict], measurements: Sequence[Measurement]) 
         )
 
 
-def _ratio(summary: dict[str, dict], measured: str, reference: str, metric: str) -> float:
-    return summary[measured][metric] / summary[reference][metric]
+def _ratio(summary: dict[str, JsonObject], measured: str, reference: str, metric: str) -> float:
+    return float(summary[measured][metric] / summary[reference][metric])
 
 
-def _print_ratios(summary: dict[str, dict]) -> None:
+def _print_ratios(summary: dict[str, JsonObject]) -> None:
     print(f"\n  {'ratios (same run, same wheel)':<52} {'time':>8} {'peak RSS':>9}")
     for measured, reference in RATIOS:
         print(
@@ -744,7 +749,7 @@ def _value(value: float, metric: str) -> str:
     return f"{value:.2f} s" if metric == "seconds" else f"{value:.0f} MiB"
 
 
-def _target_row(title: str, summary: dict[str, dict], target: dict) -> Row:
+def _target_row(title: str, summary: dict[str, JsonObject], target: JsonObject) -> Row:
     measured, reference, metric, limit = target["measured"], target["reference"], target["metric"], target["max_ratio"]
     ratio = _ratio(summary, measured, reference, metric)
     return Row(
@@ -757,7 +762,7 @@ def _target_row(title: str, summary: dict[str, dict], target: dict) -> Row:
     )
 
 
-def _reading_row(title: str, summary: dict[str, dict]) -> Row:
+def _reading_row(title: str, summary: dict[str, JsonObject]) -> Row:
     """What the floor leaves out, beside its target: the least any repair reads to learn what must
     change. Where reading alone is over 1.5x the floor, no repair can meet that target."""
     read, floor = summary["read"]["seconds"], summary["floor"]["seconds"]
@@ -777,7 +782,7 @@ def _check_row(figure: str, problems: list[str]) -> Row:
     )
 
 
-def _zip64_rows(zip64: dict, targets: list[dict]) -> list[Row]:
+def _zip64_rows(zip64: JsonObject, targets: list[JsonObject]) -> list[Row]:
     """rocwheels' repair of the ZIP64 wheel against auditwheel's. auditwheel stopped at the limit
     leaves a bound (its true figure is higher); auditwheel failing leaves no ratio (N/A): not a miss of rocwheels."""
     title = f"ZIP64 wheel ({zip64['size_gib']:.2f} GiB)"
@@ -806,7 +811,7 @@ def _zip64_rows(zip64: dict, targets: list[dict]) -> list[Row]:
     return rows
 
 
-def _smoke_row(summary: dict[str, dict], target: dict) -> Row:
+def _smoke_row(summary: dict[str, JsonObject], target: JsonObject) -> Row:
     by_hand, verify, limit = summary["by-hand"]["seconds"], summary["verify"]["seconds"], target["max_seconds"]
     return Row(
         "canary: rocwheels verify with its smoke test",
@@ -818,7 +823,7 @@ def _smoke_row(summary: dict[str, dict], target: dict) -> Row:
     )
 
 
-def _rebuild_row(figures: dict) -> Row:
+def _rebuild_row(figures: JsonObject) -> Row:
     no_op, limit = figures["no_op_s"], figures["no_op_limit_s"]
     built = " (it built)" if figures["built_again"] else ""
     return Row(

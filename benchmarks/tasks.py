@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import zipfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -270,9 +271,9 @@ def bigwheel(source: Path, out: Path, size: str) -> None:
                         digest.update(piece)
                         sink.write(piece)
                 rows.append(f"{entry.filename},sha256={b64(digest.digest())},{member.file_size}")
-        for member_name, data in small.items():
-            wheel.writestr(zipfile.ZipInfo(member_name, ZIP_DATE), data, zipfile.ZIP_DEFLATED)
-            rows.append(f"{member_name},sha256={b64(hashlib.sha256(data).digest())},{len(data)}")
+        for member_name, text in small.items():
+            wheel.writestr(zipfile.ZipInfo(member_name, ZIP_DATE), text, zipfile.ZIP_DEFLATED)
+            rows.append(f"{member_name},sha256={b64(hashlib.sha256(text).digest())},{len(text)}")
         wheel.writestr(
             zipfile.ZipInfo(f"{dist_info}/RECORD", ZIP_DATE), "\n".join([*rows, f"{dist_info}/RECORD,,"]) + "\n"
         )
@@ -294,7 +295,8 @@ def main(argv: list[str]) -> int:
         pip_install(Path(rest[0]), Path(rest[1]), rest[2])
         return 0
     paths = list(map(Path, rest))
-    {"copy": copy, "rewrite": rewrite, "repair": repair, "analyze": analyze}[task](*paths)
+    by_paths: dict[str, Callable[..., None]] = {"copy": copy, "rewrite": rewrite, "repair": repair, "analyze": analyze}
+    by_paths[task](*paths)
     return 0
 
 

@@ -3,6 +3,7 @@ the wheel checks that go with an analysis."""
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 
@@ -70,5 +71,5 @@ def test_a_member_changed_after_the_build_is_reported_before_the_damage_it_does(
     with pytest.raises(ElfError, match="not a readable ELF file"):  # damaged as built: the ELF error
         analyze_wheel(wheel)
     tampered = _replace_member(wheel, tmp_path / "tampered", "alpha/_x.so", ELF_MAGIC + b"\xff" * 60)
-    with pytest.raises(RocwheelsError, match="alpha/_x.so does not match its RECORD hash"):
+    with pytest.raises(RocwheelsError, match=re.escape("alpha/_x.so does not match its RECORD hash")):
         analyze_wheel(tampered)

@@ -37,7 +37,7 @@ def test_canary_wheel_links_hip_and_carries_exactly_the_targets(built_canary, ca
 
 
 def test_raw_wheel_stays_out_of_the_wheelhouse(built_canary):
-    layout, built = built_canary
+    layout, _ = built_canary
     assert not list(layout.wheelhouse.glob("*.whl"))
     log = layout.log_file("rocm-canary").read_text()
     assert "+ " in log and "hipcc" in log and "--offload-arch=" in log

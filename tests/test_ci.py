@@ -117,10 +117,10 @@ def test_the_cli_matrix_is_the_plans(tmp_path: Path) -> None:
     assert sorted(built) == sorted((step["name"], python) for step in plan["steps"] for python in plan["python"])
     output = tmp_path / "github-output"
     output.write_text("earlier=1\n")
+    github_to = ["--format", "github", "--output", str(output)]
     result = runner.invoke(
         cli,
-        [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--driver", "local", "--format", "github"]
-        + ["--output", str(output)],
+        [*base, "ci", "matrix", "--arch", "gfx942", "--rocm", "rocm6.2", "--driver", "local", *github_to],
     )
     assert result.exit_code == 0, result.output
     values = dict(line.split("=", 1) for line in output.read_text().splitlines())

@@ -78,7 +78,7 @@ def test_a_failed_compile_is_summarised_by_its_first_error(tmp_path: Path, canar
     assert kernels, "the canary has a HIP source"
     kernels[0].write_text(kernels[0].read_text() + "\nthis is not C++;\n")
     layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
-    name, line = host_line
+    name, _ = host_line
     plan = make_plan(
         load_recipes(recipes),
         ["rocm-canary"],

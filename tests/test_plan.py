@@ -108,7 +108,7 @@ def test_target_unsupported_by_line(tmp_path):
 
 def test_unknown_recipe(tmp_path):
     folder = make_dir(tmp_path, {"fa": recipe("fa")})
-    with pytest.raises(RocwheelsError, match="unknown recipe.*: nope"):
+    with pytest.raises(RocwheelsError, match=r"unknown recipe.*: nope"):
         plan_for(folder, ["nope"])
 
 
@@ -155,7 +155,7 @@ def test_fallback_takes_over_for_targets_the_recipe_lacks(tmp_path):
         snippet.startswith("import os; os.environ.update({'TRITON_BACKEND': 'TRUE'}); ")
         for snippet in rdna.recipe.smoke.snippets(gpu=False)
     )
-    with pytest.raises(RocwheelsError, match="gfx90a not supported by recipe fa .* or its targets.fallback"):
+    with pytest.raises(RocwheelsError, match=r"gfx90a not supported by recipe fa .* or its targets.fallback"):
         plan_for(folder, ["fa"], arch="gfx90a;gfx1100")
 
 

@@ -111,6 +111,6 @@ def test_repair_refuses_and_leaves_nothing(wheels, tmp_path):
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir()
     # auditwheel's own automatic choice would be its newest manylinux tag.
-    with pytest.raises(RocwheelsError, match="odd-1.0.*symbols newer than"):
+    with pytest.raises(RocwheelsError, match=r"odd-1.0.*symbols newer than"):
         repair_wheel(wheels["odd-raw"], wheelhouse)
     assert list(wheelhouse.iterdir()) == []

@@ -4,6 +4,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from pipeline.config.recipes import load_recipe, load_recipes
 from pipeline.errors import ConfigError
@@ -39,7 +40,7 @@ def test_shipped_recipes_load():
     canary = recipes["rocm-canary"]
     assert canary.versions["0.1.0"].source.path == "rocm-canary"
     assert canary.targets.prefix == "--offload-arch="
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         canary.name = "other"  # frozen
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import itertools
 import shutil
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def test_a_shorter_path_is_set_in_place_as_patchelf_sets_it(tmp_path: Path, kind
 
 @pytest.mark.parametrize("kind", ["rpath", "runpath"])
 def test_a_path_is_removed_in_place(tmp_path: Path, kind: str) -> None:
-    top, dep = _top(tmp_path, **{kind: str(tmp_path / "build" / "dep")})
+    top, _ = _top(tmp_path, **{kind: str(tmp_path / "build" / "dep")})
     assert _loads(top)
     assert set_rpath_in_place(top, [])
     info = read_elf(top, with_fatbin=False)
@@ -185,7 +186,7 @@ def _assert_sound_headers(library: Path) -> None:
         table = elf.header["e_phnum"] * elf.header["e_phentsize"]
     assert all(s["p_filesz"] == s["p_memsz"] == table for s in segments if s["p_type"] == "PT_PHDR")
     loads = [(s["p_vaddr"], s["p_vaddr"] + s["p_memsz"]) for s in segments if s["p_type"] == "PT_LOAD"]
-    assert all(end <= next_start for (_, end), (next_start, _) in zip(loads, loads[1:]))
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(loads))
 
 
 def test_a_path_set_in_a_new_segment_serves_musl_too(

@@ -35,7 +35,7 @@ def test_htpasswd_users_are_added_and_updated(tmp_path):
 
 def test_no_htpasswd_file_is_a_clear_error(tmp_path):
     with (
-        pytest.raises(RocwheelsError, match="(?s)no htpasswd file at .*rocwheels index add-user"),
+        pytest.raises(RocwheelsError, match=r"(?s)no htpasswd file at .*rocwheels index add-user"),
         running_pypiserver(tmp_path / "packages", tmp_path / "htpasswd"),
     ):
         pass
