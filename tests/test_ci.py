@@ -42,7 +42,7 @@ from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish
 from pipeline.verify.provenance import Provenance, record_path
 from pipeline.verify.signing import KEY_ENV, new_key
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 from tests.helpers.signing import trust_keys
 from tests.helpers.wheels import the_build
 
@@ -481,9 +481,7 @@ def test_the_default_matrix_builds_each_recipe_for_the_targets_it_supports_and_n
     line_name = "rocm7.2"
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pipeline",
+            *ROCWHEELS,
             "ci",
             "matrix",
             "--driver",
@@ -517,7 +515,7 @@ def test_the_matrix_refuses_an_unpinned_builder_image_before_anything_fans_out()
 
     unpinned = next(name for name, line in load_lock(REPO / "recipes").lock.lines.items() if not line.pinned)
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "ci", "matrix", "--rocm", unpinned, "--format", "github"],
+        [*ROCWHEELS, "ci", "matrix", "--rocm", unpinned, "--format", "github"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -20,7 +20,7 @@ from pipeline.config.build_constraints import (
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.errors import ConfigError
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 from tests.helpers.recipes import recipe_toml
 
 LOCK = """default_line = "l"
@@ -101,7 +101,7 @@ def test_plan_stops_on_a_stale_lock(tmp_path):
         canary.read_text().replace('requires = ["setuptools>=64", "wheel"]', 'requires = ["setuptools>=65", "wheel"]')
     )
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes, "plan", "--arch", "gfx90a", "--rocm", "debian12"],
+        [*ROCWHEELS, "--recipes-dir", recipes, "plan", "--arch", "gfx90a", "--rocm", "debian12"],
         capture_output=True,
         text=True,
     )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
 from pipeline.plan import make_plan
 from pipeline.wheels import make_wheels
+from tests.helpers import ROCWHEELS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -106,9 +106,7 @@ def test_a_local_build_of_another_rocm_release_is_refused_before_anything_runs(t
     )
     result = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pipeline",
+            *ROCWHEELS,
             "--work-dir",
             str(tmp_path / "work"),
             "--wheelhouse",

@@ -22,7 +22,7 @@ import pytest
 
 from pipeline.util.cmd import run
 from pipeline.util.interrupts import PRIVATE_PREFIX
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 from tests.helpers.hip_wheels import EXT, Built
 from tests.helpers.project import small_project
 from tests.helpers.waiting import wait_for
@@ -98,7 +98,7 @@ def start(
     full_env = {**os.environ, "TMPDIR": str(tmp / "tmp"), "ROCWHEELS_CACHE": str(tmp / "cache"), **(env or {})}
     (tmp / "tmp").mkdir(exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline", *args],
+        [*ROCWHEELS, *args],
         env=full_env,
         cwd=tmp,
         stdout=subprocess.PIPE,
@@ -316,17 +316,7 @@ def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     assert holder.stdout is not None
     holder.stdout.readline()
     result = run(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--wheelhouse",
-            wheelhouse,
-            "--recipes-dir",
-            tmp_path / "none",
-            "index",
-            "build",
-        ],
+        [*ROCWHEELS, "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"],
         cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(tmpdir)},
     )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from pipeline.repair.policy import LinkPackage
 from pipeline.util.cmd import run
 from pipeline.verify.verify import Expectations, verify_wheel
 from pipeline.wheel.analyze import TargetLayout
+from tests.helpers import ROCWHEELS
 from tests.helpers.elf_builds import Elf, build
 from tests.helpers.hip_wheels import EXT
 
@@ -156,6 +156,6 @@ def test_musl_libc_is_a_system_library(tmp_path, platform_wheel, musl_gcc):
     )
     report = verify_wheel(wheel, Expectations(), smoke=False)
     assert not [f for f in report.errors() if f.check in ("unresolved", "tags")], report.findings
-    result = subprocess.run([sys.executable, "-m", "pipeline", "inspect", wheel], capture_output=True, text=True)
+    result = subprocess.run([*ROCWHEELS, "inspect", wheel], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "not a system library" not in result.stdout

@@ -2,7 +2,6 @@
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from pipeline.config.lock import check_lock, load_lock, select_line
 from pipeline.config.recipes import load_recipes
 from pipeline.errors import ConfigError, RocwheelsError
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 from tests.helpers.recipes import recipe_toml
 
 DIGEST = "@sha256:" + "0" * 64
@@ -145,9 +144,7 @@ def test_select_line(recipes_dir):
 
 
 def test_shipped_lock_checks_clean():
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "lock", "check"], cwd=REPO, capture_output=True, text=True
-    )
+    result = subprocess.run([*ROCWHEELS, "lock", "check"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "consistent" in result.stdout
 
@@ -155,7 +152,7 @@ def test_shipped_lock_checks_clean():
 def test_cli_refuses_inconsistent_lock(recipes_dir):
     (recipes_dir / "lock.toml").write_text(LOCK.replace("SOURCE", "x").replace('rocm = "6.2.4"', 'rocm = "6.4.1"'))
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "check"],
+        [*ROCWHEELS, "--recipes-dir", recipes_dir, "lock", "check"],
         capture_output=True,
         text=True,
     )

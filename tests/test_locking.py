@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 from tests.helpers.wheels import write_wheel
 
 
@@ -19,17 +19,7 @@ def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
     # The first run: a process holding the wheelhouse lock (as `rocwheels wheels` does while it builds).
     holder = holding_the_lock(wheelhouse, env)
     second = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipeline",
-            "--wheelhouse",
-            wheelhouse,
-            "--recipes-dir",
-            tmp_path / "none",
-            "index",
-            "build",
-        ],
+        [*ROCWHEELS, "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"],
         env=env,
         cwd=tmp_path,
         stderr=subprocess.PIPE,
@@ -51,17 +41,7 @@ def test_two_index_builds_at_once_both_succeed(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     for number in range(20):
         write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
-    argv = [
-        sys.executable,
-        "-m",
-        "pipeline",
-        "--wheelhouse",
-        wheelhouse,
-        "--recipes-dir",
-        tmp_path / "none",
-        "index",
-        "build",
-    ]
+    argv = [*ROCWHEELS, "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs = [subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for run in runs:
@@ -84,9 +64,7 @@ def test_two_wheels_runs_with_one_work_folder_take_turns(tmp_path: Path) -> None
     holder = holding_the_lock(work, env, what="work folder")
     second = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "pipeline",
+            *ROCWHEELS,
             "--recipes-dir",
             project.recipes,
             "--wheelhouse",

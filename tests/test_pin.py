@@ -8,7 +8,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from pipeline.build.image import image_id
 from pipeline.config.lock import load_lock
 from pipeline.config.pin import PIN_NOTE, ImageRef
 from pipeline.util.cmd import run
+from tests.helpers import ROCWHEELS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -144,7 +144,7 @@ def lock_dir(tmp_path: Path, image: str) -> Path:
 def rocwheels(recipes_dir: Path, *args: str, path: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **({"PATH": path} if path is not None else {})}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes_dir, "lock", "pin", *args],
+        [*ROCWHEELS, "--recipes-dir", recipes_dir, "lock", "pin", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -269,7 +269,7 @@ def wheels_project(tmp_path: Path, image: str) -> Path:
     shutil.copytree(REPO / "recipes" / "rocm-canary", recipes / "rocm-canary", ignore=shutil.ignore_patterns("build"))
     # The line's build-environment lock, resolved from PyPI as a user's `lock constraints` would.
     resolved = subprocess.run(
-        [sys.executable, "-m", "pipeline", "--recipes-dir", recipes, "lock", "constraints", "--rocm", "reg.1"],
+        [*ROCWHEELS, "--recipes-dir", recipes, "lock", "constraints", "--rocm", "reg.1"],
         capture_output=True,
         text=True,
         check=False,
@@ -283,9 +283,7 @@ def make_wheels_cli(recipes: Path, *args: str, env: dict[str, str] | None = None
     base_env = {k: v for k, v in os.environ.items() if k != "CI"}
     return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "pipeline",
+            *ROCWHEELS,
             "--recipes-dir",
             recipes,
             "--wheelhouse",

@@ -3,7 +3,6 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.plan import build_order, describe, make_plan
+from tests.helpers import ROCWHEELS
 from tests.helpers.recipes import recipe_toml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def test_unknown_recipe(tmp_path):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "pipeline", *args], cwd=REPO, capture_output=True, text=True)
+    return subprocess.run([*ROCWHEELS, *args], cwd=REPO, capture_output=True, text=True)
 
 
 def test_plan_cli_runs_nothing(tmp_path):

@@ -19,6 +19,7 @@ from pipeline.repair.repair import RepairSettings, _retag, repair_wheel
 from pipeline.util.cmd import run
 from pipeline.wheel.archive import check_wheel
 from pipeline.wheel.elf import read_elf
+from tests.helpers import ROCWHEELS
 from tests.helpers.hip_wheels import EXT, LINK, ROCM_LIB_DIR, Built, Repaired, extract_wheel, members
 
 
@@ -376,7 +377,7 @@ def test_repair_without_a_folder_never_writes_into_the_wheelhouse(
     verified = wheelhouse / raw.name
     verified.write_bytes(b"a verified wheel of the same name")
     env = {**os.environ, "ROCWHEELS_WHEELHOUSE": str(wheelhouse), "ROCWHEELS_WORK_DIR": str(tmp_path / "work")}
-    out = run([sys.executable, "-m", "pipeline", "--recipes-dir", "none", "repair", raw], env=env, cwd=tmp_path).output
+    out = run([*ROCWHEELS, "--recipes-dir", "none", "repair", raw], env=env, cwd=tmp_path).output
     (written,) = (tmp_path / "work" / "repaired").glob("recentpkg-*.whl")
     assert str(written) in out
     assert [p.name for p in wheelhouse.iterdir()] == [raw.name]

@@ -7,7 +7,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 import zipfile
 from pathlib import Path
@@ -20,7 +19,7 @@ from pipeline.config.layout import Layout
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.wheel.zipwrite import ZIP_EPOCH, epoch_time, write_wheel
 from pipeline.wheels import make_wheels
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 from tests.helpers.recipes import canary_plan, debian13_plan
 
 
@@ -76,7 +75,7 @@ def test_two_local_builds_are_byte_identical_and_the_rebuild_publishes_nothing(
             (second[0].parent, f"0 uploaded, {len(second)} already there"),
         ):
             result = subprocess.run(
-                [sys.executable, "-m", "pipeline", "--wheelhouse", house, "publish", "--repository", index.url],
+                [*ROCWHEELS, "--wheelhouse", house, "publish", "--repository", index.url],
                 env=env,
                 capture_output=True,
                 text=True,

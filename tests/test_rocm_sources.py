@@ -19,7 +19,7 @@ from pipeline.repair.policy import load_policy
 from pipeline.wheel.analyze import system_libraries
 from pipeline.wheel.archive import open_wheel
 from pipeline.wheel.elf import ELF_MAGIC, read_elf
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 
 SOURCES = Path(__file__).parent / "data" / "rocm-library-sources.toml"
 
@@ -106,7 +106,7 @@ def test_pypi_rocm_wheels_need_only_bundled_system_or_rocm_libraries(pypi_rocm_w
 def test_jax_rocm7_pjrt_repairs_without_grafting_rocm(pypi_rocm_wheels: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "repair", pypi_rocm_wheels[PJRT], "-w", out],
+        [*ROCWHEELS, "repair", pypi_rocm_wheels[PJRT], "-w", out],
         cwd=REPO,
         env={**os.environ, "ROCWHEELS_CACHE": str(tmp_path / "cache")},
         capture_output=True,

@@ -7,7 +7,6 @@ import json
 import signal
 import socket
 import subprocess
-import sys
 from urllib.error import HTTPError
 from urllib.request import Request, urlopen
 
@@ -17,6 +16,7 @@ from passlib.apache import HtpasswdFile
 from pipeline.errors import RocwheelsError
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.verify.provenance import record_path, write_record
+from tests.helpers import ROCWHEELS
 from tests.helpers.waiting import answers, wait_for
 
 
@@ -79,9 +79,7 @@ def test_stopping_serve_stops_pypiserver_too(tmp_path, stop):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     argv = [
-        sys.executable,
-        "-m",
-        "pipeline",
+        *ROCWHEELS,
         "serve",
         "--packages",
         tmp_path / "packages",

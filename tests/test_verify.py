@@ -6,7 +6,6 @@ import base64
 import hashlib
 import json
 import subprocess
-import sys
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from pipeline.util.cmd import run
 from pipeline.verify.verify import ERROR, Expectations, verify_wheel
 from pipeline.wheel.analyze import TargetLayout
 from pipeline.wheel.archive import rewrite_wheel
+from tests.helpers import ROCWHEELS
 from tests.helpers.hip_wheels import EXT, LINK, ROCM_LIB_DIR, Repaired
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,7 +129,7 @@ def test_smoke_test_runs_in_a_fresh_venv(repaired: Repaired, expect, tmp_path):
 
 
 def rocwheels(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run([*ROCWHEELS, *map(str, args)], cwd=cwd, capture_output=True, text=True)
 
 
 def test_cli_json_report(repaired: Repaired, hip_targets):

@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheel.archive import split_variant
 from pipeline.wheel.variant import read_variant, served_processors
 from pipeline.wheels import make_wheels
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 from tests.helpers.recipes import canary_plan
 
 pytestmark = pytest.mark.hipcc
@@ -106,9 +105,7 @@ def test_demo_end_to_end(tmp_path):
         "ROCWHEELS_WORK_DIR": str(tmp_path / "work"),
         "COLUMNS": "200",
     }
-    result = subprocess.run(
-        [sys.executable, "-m", "pipeline", "demo"], cwd=REPO, env=env, capture_output=True, text=True
-    )
+    result = subprocess.run([*ROCWHEELS, "demo"], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     for step in ("build, repair, verify", "publish", "install into a fresh venv", "smoke test", "stopped"):
         assert step in result.stdout

@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.helpers import REPO
+from tests.helpers import REPO, ROCWHEELS
 
 # Stands in for a compiler that never ends: records its PID and its child's, then waits for it.
 SLOW_COMPILER = """#!/bin/sh
@@ -42,9 +41,7 @@ def rocwheels_preflight(
     """``rocwheels wheels --preflight`` of the canary on this host, in its own session (its process
     group stands for a terminal's: SIGINT to it is a Ctrl-C)."""
     argv = [
-        sys.executable,
-        "-m",
-        "pipeline",
+        *ROCWHEELS,
         "--recipes-dir",
         str(recipes),
         "--wheelhouse",
