@@ -21,18 +21,9 @@ from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.errors import ConfigError
 from tests.helpers import REPO, ROCWHEELS
-from tests.helpers.recipes import recipe_toml
+from tests.helpers.recipes import lock_toml, recipe_toml
 
-LOCK = """default_line = "l"
-[lines.l]
-rocm = "6.2.4"
-builder_image = "localhost/base"
-image_source = "test"
-python = ["3.11", "3.12"]
-targets = ["gfx90a"]
-[lines.l.versions]
-demo = "1.0"
-"""
+LOCK = lock_toml({"demo": "1.0"}, python=("3.11", "3.12"), targets=("gfx90a",))
 
 
 @pytest.fixture

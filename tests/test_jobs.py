@@ -36,7 +36,7 @@ from pipeline.publish.index import scan_wheels
 from tests.helpers import REPO
 from tests.helpers.containers import cibuildwheel_reads, python_in
 from tests.helpers.hip import KERNEL
-from tests.helpers.recipes import DEBIAN13_TARGETS, debian13_plan, recipe_toml
+from tests.helpers.recipes import DEBIAN13_TARGETS, debian13_plan, lock_toml, recipe_toml
 
 GiB = 1 << 30
 UNLIMITED_V1 = "9223372036854771712"
@@ -275,16 +275,7 @@ def test_publishing_ignores_the_profile_beside_the_wheels(tmp_path):
 
 # --- a plan with a profile ---
 
-LOCK = """default_line = "l"
-[lines.l]
-rocm = "6.2.4"
-builder_image = "localhost/base"
-image_source = "test"
-python = ["3.11"]
-targets = ["gfx942"]
-[lines.l.versions]
-fa = "1.0"
-"""
+LOCK = lock_toml({"fa": "1.0"}, targets=("gfx942",))
 
 
 def test_a_plan_on_a_small_host_gets_fewer_jobs_and_says_why(tmp_path):

@@ -10,15 +10,12 @@ from pipeline.config.lock import check_lock, load_lock, select_line
 from pipeline.config.recipes import load_recipes
 from pipeline.errors import ConfigError, RocwheelsError
 from tests.helpers import REPO, ROCWHEELS
-from tests.helpers.recipes import recipe_toml
-
-DIGEST = "@sha256:" + "0" * 64
-
+from tests.helpers.recipes import ZERO_DIGEST, recipe_toml
 
 LOCK = f"""default_line = "rocm6.2"
 [lines."rocm6.2"]
 rocm = "6.2.4"
-builder_image = "registry.example/rocm/dev{DIGEST}"
+builder_image = "registry.example/rocm/dev{ZERO_DIGEST}"
 image_source = "SOURCE"
 python = ["3.11"]
 targets = ["gfx90a", "gfx942"]
@@ -76,7 +73,7 @@ def test_unverified_values_warn(recipes_dir):
             "lines.rocm6.2.versions.torchvision",
             "0.21.0 is not described in",
         ),
-        (f'/rocm/dev{DIGEST}"', '/rocm/dev:6.2.4-complete"', "lines.rocm6.2.builder_image", "not pinned"),
+        (f'/rocm/dev{ZERO_DIGEST}"', '/rocm/dev:6.2.4-complete"', "lines.rocm6.2.builder_image", "not pinned"),
         ('default_line = "rocm6.2"', 'default_line = "rocm9"', "default_line", "not a line"),
         ('targets = ["gfx90a", "gfx942"]', 'targets = ["gfx42"]', "lines.rocm6.2.targets", "gfx42"),
         ('python = ["3.11"]', 'python = ["311"]', "lines.rocm6.2.python", "3.11"),
@@ -163,7 +160,7 @@ def test_cli_refuses_inconsistent_lock(recipes_dir):
 
 def two_rocm_lines(label: str = "") -> str:
     """The canary on ROCm 7.2 and ROCm 10.0, the newer line with ``label`` if given."""
-    line = 'rocm = "{rocm}"\nbuilder_image = "registry.example/rocm/dev' + DIGEST + '"\nimage_source = "x"\n'
+    line = 'rocm = "{rocm}"\nbuilder_image = "registry.example/rocm/dev' + ZERO_DIGEST + '"\nimage_source = "x"\n'
     line += 'python = ["3.11"]\ntargets = ["gfx942"]\n'
     return (
         'default_line = "rocm7.2"\n'

@@ -13,7 +13,7 @@ from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError, RocwheelsError
 from pipeline.plan import build_order, describe, make_plan
 from tests.helpers import ROCWHEELS
-from tests.helpers.recipes import recipe_toml
+from tests.helpers.recipes import lock_toml, recipe_toml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,21 +25,12 @@ def recipe(name: str, depends_on: tuple[str, ...] = (), supported: tuple[str, ..
     return recipe_toml(name, depends_on=depends_on, supported=supported, env=ENV)
 
 
-LOCK = """default_line = "l"
-[lines.l]
-rocm = "6.2.4"
-builder_image = "localhost/base"
-image_source = "test"
-python = ["3.11"]
-targets = ["gfx90a", "gfx942", "gfx1100"]
-[lines.l.versions]
-"""
-
-
 def make_dir(tmp_path: Path, recipes: dict[str, str]) -> Path:
     for name, text in recipes.items():
         (tmp_path / f"{name}.toml").write_text(text)
-    (tmp_path / "lock.toml").write_text(LOCK + "".join(f'{n} = "1.0"\n' for n in recipes))
+    (tmp_path / "lock.toml").write_text(
+        lock_toml(dict.fromkeys(recipes, "1.0"), targets=("gfx90a", "gfx942", "gfx1100"))
+    )
     return tmp_path
 
 

@@ -17,21 +17,10 @@ from pipeline.verify.provenance import check_record, fingerprints, record_path
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
-from tests.helpers.recipes import canary_plan, recipe_toml
+from tests.helpers.recipes import canary_plan, lock_toml, recipe_toml
 from tests.helpers.wheels import the_build
 
-LOCK = """default_line = "l"
-[lines.l]
-rocm = "6.2.4"
-builder_image = "localhost/base"
-image_source = "test"
-python = ["3.11"]
-targets = ["gfx90a", "gfx942"]
-[lines.l.versions]
-base = "1.0"
-ext = "1.0"
-other = "1.0"
-"""
+LOCK = lock_toml({"base": "1.0", "ext": "1.0", "other": "1.0"})
 
 
 def _prints(folder: Path, arch: str = "gfx90a", driver: str = "local") -> dict[str, str]:

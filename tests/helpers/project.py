@@ -9,21 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.recipes import recipe_toml
+from tests.helpers.recipes import recipe_toml, rocm99_lock_toml
 from tests.helpers.wheels import write_wheel
 
-DIGEST = "@sha256:" + "0" * 64
-LOCK = f"""default_line = "rocm9.9"
-[lines."rocm9.9"]
-rocm = "9.9.0"
-builder_image = "registry.example/rocm/dev{DIGEST}"
-image_source = "https://example.org/digests"
-python = ["3.11"]
-targets = ["gfx90a", "gfx942"]
-[lines."rocm9.9".versions]
-alpha = "1.0"
-beta = "1.0"
-"""
+LOCK = rocm99_lock_toml({"alpha": "1.0", "beta": "1.0"})
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
@@ -26,6 +28,41 @@ def recipe_toml(
         f'[smoke]\nimports = ["{name.replace("-", "_")}"]\n'
         f'[versions."{version}".source]\npath = "."\n'
     ).replace("'", '"')
+
+
+# A digest of the right form for a lock line's builder image; no registry is asked for it.
+ZERO_DIGEST = "@sha256:" + "0" * 64
+
+
+def lock_toml(
+    versions: dict[str, str],
+    *,
+    line: str = "l",
+    rocm: str = "6.2.4",
+    builder_image: str = "localhost/base",
+    image_source: str = "test",
+    python: tuple[str, ...] = ("3.11",),
+    targets: tuple[str, ...] = ("gfx90a", "gfx942"),
+) -> str:
+    """The text of a lock with one line, the default, pinning ``versions`` (recipe -> version)."""
+    key = line if re.fullmatch(r"[A-Za-z0-9_-]+", line) else f'"{line}"'  # a bare key where TOML allows one
+    return (
+        f'default_line = "{line}"\n[lines.{key}]\nrocm = "{rocm}"\nbuilder_image = "{builder_image}"\n'
+        f'image_source = "{image_source}"\npython = {list(python)!r}\ntargets = {list(targets)!r}\n'
+        f"[lines.{key}.versions]\n" + "".join(f'{name} = "{version}"\n' for name, version in versions.items())
+    ).replace("'", '"')
+
+
+def rocm99_lock_toml(versions: dict[str, str]) -> str:
+    """A lock whose line is a ROCm release that does not exist, its image pinned to a digest no
+    registry holds: nothing can be fetched for it by mistake."""
+    return lock_toml(
+        versions,
+        line="rocm9.9",
+        rocm="9.9.0",
+        builder_image=f"registry.example/rocm/dev{ZERO_DIGEST}",
+        image_source="https://example.org/digests",
+    )
 
 
 def canary_plan(layout: Layout, line, targets: tuple[str, ...], driver: str = "local") -> Plan:

@@ -10,18 +10,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from tests.helpers.recipes import recipe_toml
+from tests.helpers.recipes import recipe_toml, rocm99_lock_toml
 
-LOCK = """default_line = "rocm9.9"
-[lines."rocm9.9"]
-rocm = "9.9.0"
-builder_image = "registry.example/rocm/dev@sha256:{zeros}"
-image_source = "https://example.org/digests"
-python = ["3.11"]
-targets = ["gfx90a", "gfx942"]
-[lines."rocm9.9".versions]
-alpha = "1.0"
-""".replace("{zeros}", "0" * 64)
+LOCK = rocm99_lock_toml({"alpha": "1.0"})
 
 
 def signed_project(root: Path, public_keys: list[str]) -> Path:
