@@ -31,6 +31,10 @@ log = logging.getLogger("rocwheels")
 # A click command function, before and after an option decorator.
 Command = TypeVar("Command", bound=Callable[..., Any])
 DRIVERS = ("local", "container")
+# The kinds of path the commands take; click checks them before a command runs.
+FOLDER = click.Path(path_type=Path, file_okay=False)
+FILE = click.Path(path_type=Path, dir_okay=False)
+EXISTING_FILE = click.Path(path_type=Path, dir_okay=False, exists=True)
 
 
 @dataclass(frozen=True)
@@ -116,23 +120,11 @@ def timeout_option(command: Command) -> Command:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--recipes-dir",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("recipes"),
-    show_default=True,
-    envvar="ROCWHEELS_RECIPES",
-)
-@click.option(
-    "--wheelhouse",
-    type=click.Path(path_type=Path, file_okay=False),
-    default=Path("wheelhouse"),
-    show_default=True,
-    envvar="ROCWHEELS_WHEELHOUSE",
-)
+@click.option("--recipes-dir", type=FOLDER, default=Path("recipes"), show_default=True, envvar="ROCWHEELS_RECIPES")
+@click.option("--wheelhouse", type=FOLDER, default=Path("wheelhouse"), show_default=True, envvar="ROCWHEELS_WHEELHOUSE")
 @click.option(
     "--work-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=FOLDER,
     default=Path("build"),
     show_default=True,
     envvar="ROCWHEELS_WORK_DIR",
@@ -330,10 +322,10 @@ def _preflight(plan: Plan, layout: Layout, driver: str, unit_time_limit: float |
 
 
 @cli.command("preflight-job", hidden=True)
-@click.argument("job_file", type=click.Path(path_type=Path, dir_okay=False, exists=True))
+@click.argument("job_file", type=EXISTING_FILE)
 @click.option("--source", type=click.Path(path_type=Path, file_okay=False, exists=True), required=True)
-@click.option("--report", type=click.Path(path_type=Path, dir_okay=False), required=True)
-@click.option("--log", "log_file", type=click.Path(path_type=Path, dir_okay=False), required=True)
+@click.option("--report", type=FILE, required=True)
+@click.option("--log", "log_file", type=FILE, required=True)
 def preflight_job_command(job_file: Path, source: Path, report: Path, log_file: Path) -> None:
     """A recipe's preflight staged by `wheels --preflight` (run in the builder image): the report to REPORT."""
     from pipeline.preflight.drivers import run_job
@@ -342,11 +334,11 @@ def preflight_job_command(job_file: Path, source: Path, report: Path, log_file: 
 
 
 @cli.command("repair")
-@click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("wheels", nargs=-1, type=FILE)
 @click.option(
     "-w",
     "--wheel-dir",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=FOLDER,
     default=None,
     help="output folder (default: repaired/ in the work folder; never the wheelhouse, which holds only verified wheels)",
 )
@@ -388,7 +380,7 @@ def preflight_job_command(job_file: Path, source: Path, report: Path, log_file: 
 @click.option(
     "--settings",
     "settings_file",
-    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    type=EXISTING_FILE,
     default=None,
     help="a build description (JSON, as rocwheels writes it for the container): its repair settings apply",
 )
@@ -431,7 +423,7 @@ def repair_command(
 
 
 @cli.command("verify")
-@click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("wheels", nargs=-1, type=FILE)
 @click.option("--arch", default=None, help="GPU targets the wheels must carry (missing: error, extra: warning)")
 @click.option("--rocm", default=None, help="lock line to check against (default: from the wheel's +rocm label)")
 @click.option(
@@ -464,7 +456,7 @@ def verify_command(
 
 
 @cli.command("inspect")
-@click.argument("wheels", nargs=-1, type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("wheels", nargs=-1, type=FILE)
 @click.option(
     "--rocm-lib-dir",
     default=None,
@@ -494,9 +486,7 @@ def inspect_command(obj: Context, wheels: tuple[Path, ...], rocm_lib_dir: str | 
     help="the index's upload URL (http://host:8080/) or a section NAME in .pypirc",
 )
 @click.option("--simple-url", default=None, help="its PEP 503 root when not <upload URL>/simple/ (devpi: .../+simple/)")
-@click.option(
-    "--config-file", type=click.Path(path_type=Path, dir_okay=False), default=None, help=".pypirc (default ~/.pypirc)"
-)
+@click.option("--config-file", type=FILE, default=None, help=".pypirc (default ~/.pypirc)")
 @click.option(
     "--attempts",
     type=click.IntRange(min=1),
@@ -541,7 +531,7 @@ def key_group() -> None:
 @key_group.command("new")
 @click.option(
     "--out",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     required=True,
     help="file for the private key (never overwritten; keep it out of the repository)",
 )
@@ -589,7 +579,7 @@ def index_build(obj: Context, index_url: str | None, timeout: float) -> None:
 @click.option("--rocm", "line_name", required=True, help='a lock line with rocm_provider = "wheels"')
 @click.option(
     "--packages",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=FOLDER,
     default=Path("index/packages"),
     show_default=True,
     help="the folder the private index serves (rocwheels serve --packages)",
@@ -609,9 +599,7 @@ def index_mirror(obj: Context, line_name: str, packages: Path, with_build: bool)
 
 @index_group.command("add-user")
 @click.argument("username")
-@click.option(
-    "--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True
-)
+@click.option("--htpasswd", type=FILE, default=Path("index/htpasswd"), show_default=True)
 @click.password_option(envvar="ROCWHEELS_INDEX_PASSWORD")
 def index_add_user(username: str, htpasswd: Path, password: str) -> None:
     """Create or update an upload login for `rocwheels serve`."""
@@ -621,12 +609,8 @@ def index_add_user(username: str, htpasswd: Path, password: str) -> None:
 
 
 @cli.command("serve")
-@click.option(
-    "--packages", type=click.Path(path_type=Path, file_okay=False), default=Path("index/packages"), show_default=True
-)
-@click.option(
-    "--htpasswd", type=click.Path(path_type=Path, dir_okay=False), default=Path("index/htpasswd"), show_default=True
-)
+@click.option("--packages", type=FOLDER, default=Path("index/packages"), show_default=True)
+@click.option("--htpasswd", type=FILE, default=Path("index/htpasswd"), show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 to serve the team")
 @click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
 @click.pass_obj
@@ -697,7 +681,7 @@ def ci_group() -> None:
 )
 @click.option(
     "--output",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=FILE,
     default=None,
     help="write there instead of stdout (github: appended, as $GITHUB_OUTPUT wants)",
 )
