@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
 from pipeline.publish.index import file_sha256, write_requirements
-from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
+from pipeline.publish.serve import add_htpasswd_user, pypiserver_run, running_pypiserver
 from pipeline.publish.upload import publish, resolve_repository
 from pipeline.verify.provenance import check_record, record_path, write_record
 from tests.helpers.waiting import answers, wait_for
@@ -299,24 +299,7 @@ def _plain_pypiserver(packages: Path, htpasswd: Path) -> Iterator[str]:
         port = probe.getsockname()[1]
     packages.mkdir(parents=True, exist_ok=True)
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pypiserver",
-            "run",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--passwords",
-            str(htpasswd),
-            "--authenticate",
-            "update",
-            "--disable-fallback",
-            "--hash-algo",
-            "sha256",
-            str(packages),
-        ],
+        [sys.executable, "-m", "pypiserver", *pypiserver_run("127.0.0.1", port, htpasswd, packages)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

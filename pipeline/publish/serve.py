@@ -160,19 +160,7 @@ def running_pypiserver(
         sys.executable,
         "-m",
         "pipeline.publish.pypiserver_records",
-        "run",
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--passwords",
-        str(htpasswd),
-        "--authenticate",
-        "update",
-        "--disable-fallback",
-        "--hash-algo",
-        "sha256",
-        str(packages),
+        *pypiserver_run(host, port, htpasswd, packages),
     ]
     log.info("+ %s", shlex.join(argv))
     sink = None
@@ -190,6 +178,16 @@ def running_pypiserver(
         _stop(process)
         if sink is not None:
             sink.close()
+
+
+def pypiserver_run(host: str, port: int, htpasswd: Path, packages: Path) -> list[str]:
+    """pypiserver's ``run`` command for a team index: uploads only by a user of ``htpasswd``, no
+    fallback to PyPI for names it lacks, sha256 in every link."""
+    return [
+        "run",
+        *("--host", host, "--port", str(port), "--passwords", str(htpasswd), "--authenticate", "update"),
+        *("--disable-fallback", "--hash-algo", "sha256", str(packages)),
+    ]
 
 
 def _remove_stale_uploads(packages: Path) -> None:
