@@ -31,26 +31,22 @@ sys.path.insert(0, str(ROOT))
 from tests.helpers.redis_server import running_redis  # noqa: E402
 
 ROCWHEELS = Path(sys.executable).parent / "rocwheels"
+CANARY = "rocm-canary"
 NO_OP_SECONDS = 2.0
 _HITS = re.compile(r"sccache: \d+% hits \(\d+ of \d+ compilations\)")
 
 
+def canary_wheels(arch: str, wheelhouse: Path, work_dir: Path) -> list[str]:
+    """rocwheels' arguments that build the canary alone for ``arch`` on this host (the local driver)."""
+    return [
+        *("--wheelhouse", str(wheelhouse), "--work-dir", str(work_dir)),
+        *("wheels", "--arch", arch, "--driver", "local", "--recipes", CANARY),
+    ]
+
+
 def timed_wheels(arch: str, work: Path, env: dict[str, str]) -> tuple[float, str]:
     """Seconds and output of `rocwheels wheels` for the canary with the local driver."""
-    argv = [
-        str(ROCWHEELS),
-        "--wheelhouse",
-        str(work / "wheelhouse"),
-        "--work-dir",
-        str(work / "build"),
-        "wheels",
-        "--arch",
-        arch,
-        "--driver",
-        "local",
-        "--recipes",
-        "rocm-canary",
-    ]
+    argv = [str(ROCWHEELS), *canary_wheels(arch, work / "wheelhouse", work / "build")]
     started = time.monotonic()
     result = subprocess.run(
         argv, env={**os.environ, **env}, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

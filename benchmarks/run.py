@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 # testwheel sits beside this file, and python puts this file's folder on sys.path.
+from rebuild import CANARY, canary_wheels
 from testwheel import JsonObject, describe, ensure_test_wheel
 
 from pipeline.errors import RocwheelsError
@@ -107,7 +108,6 @@ GENERATED = "generated"
 WHEEL_KEYS = (*(w.key for w in PYPI_WHEELS), GENERATED)
 QUICK_SAMPLES = 5  # runs per round of the sub-second measurements (Measurement.samples)
 ZIP64_BYTES = (4 << 30) + (256 << 20)  # the data member of the ZIP64 wheel: past 4 GiB
-CANARY = "rocm-canary"
 CHANGED_MEMBERS = "changed-members.txt"  # in a wheel's run folder: what the floor inflates and deflates
 
 
@@ -656,22 +656,7 @@ def _canary(folder: Path, arch: str) -> Path:
         print(f"  building the canary for {arch} (once; hipcc)", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
         run(
-            [
-                PYTHON,
-                "-m",
-                "pipeline",
-                "--wheelhouse",
-                wheelhouse,
-                "--work-dir",
-                folder / "work",
-                "wheels",
-                "--arch",
-                arch,
-                "--driver",
-                "local",
-                "--recipes",
-                CANARY,
-            ],
+            [PYTHON, "-m", "pipeline", *canary_wheels(arch, wheelhouse, folder / "work")],
             cwd=ROOT,
             env={**os.environ, "HIP_PLATFORM": "amd"},
             quiet=True,
