@@ -89,3 +89,9 @@ def test_linking_to_another_file_system_copies(tmp_path):
         link_files({"a/lib.so": source}, Path(folder))
         copied = Path(folder, "a", "lib.so")
         assert copied.read_bytes() == b"raw bytes" and copied.stat().st_ino != source.stat().st_ino
+
+
+def test_linking_no_files_makes_the_empty_folder(tmp_path):
+    # auditwheel's zip2dir contract: the folder exists after it, whatever the wheel holds.
+    link_files({}, tmp_path / "judged" / "alpha.whl")
+    assert (tmp_path / "judged" / "alpha.whl").is_dir()

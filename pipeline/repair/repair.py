@@ -274,7 +274,7 @@ def repair_wheel(
         }
         judged = work / "judged" / raw_wheel.name
         link_files(tree, judged)
-        (judged / raw.dist_info).mkdir(parents=True, exist_ok=True)
+        (judged / raw.dist_info).mkdir(exist_ok=True)
         for name, text in dist_info_texts.items():
             judged.joinpath(*name.split("/")).write_text(text, encoding="utf-8")
 

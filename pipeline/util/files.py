@@ -120,7 +120,9 @@ def writes_into(place: Path) -> Iterator[None]:
 
 def link_files(files: Mapping[str, Path], dest: Path) -> None:
     """Each file of ``files`` (relative name -> file) under folder ``dest`` by that name: a hard link
-    (no bytes copied), or a copy where the file system has none or ``dest`` is on another."""
+    (no bytes copied), or a copy where the file system has none or ``dest`` is on another.
+    ``dest`` is made even for no files: a wheel without ELF members is still a folder to judge."""
+    dest.mkdir(parents=True, exist_ok=True)
     for name, source in files.items():
         target = dest.joinpath(*name.split("/"))
         target.parent.mkdir(parents=True, exist_ok=True)
