@@ -75,7 +75,8 @@ def test_a_lines_env_reaches_every_step_over_the_recipes(tmp_path):
     lock = (folder / "lock.toml").read_text()
     (folder / "lock.toml").write_text(
         lock.replace(
-            "[lines.l.versions]", '[lines.l.env]\nUSE_ROCM = "2"\nEXTRA = "--offload-compress"\n[lines.l.versions]'
+            '[lines."l".versions]',
+            '[lines."l".env]\nUSE_ROCM = "2"\nEXTRA = "--offload-compress"\n[lines."l".versions]',
         )
     )
     for step in plan_for(folder, ["vision"]).steps:

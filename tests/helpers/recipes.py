@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
@@ -45,11 +43,10 @@ def lock_toml(
     targets: tuple[str, ...] = ("gfx90a", "gfx942"),
 ) -> str:
     """The text of a lock with one line, the default, pinning ``versions`` (recipe -> version)."""
-    key = line if re.fullmatch(r"[A-Za-z0-9_-]+", line) else f'"{line}"'  # a bare key where TOML allows one
     return (
-        f'default_line = "{line}"\n[lines.{key}]\nrocm = "{rocm}"\nbuilder_image = "{builder_image}"\n'
+        f'default_line = "{line}"\n[lines."{line}"]\nrocm = "{rocm}"\nbuilder_image = "{builder_image}"\n'
         f'image_source = "{image_source}"\npython = {list(python)!r}\ntargets = {list(targets)!r}\n'
-        f"[lines.{key}.versions]\n" + "".join(f'{name} = "{version}"\n' for name, version in versions.items())
+        f'[lines."{line}".versions]\n' + "".join(f'{name} = "{version}"\n' for name, version in versions.items())
     ).replace("'", '"')
 
 
