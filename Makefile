@@ -1,6 +1,6 @@
 # rocwheels: every target creates/uses the project venv itself.
 #   make demo                        canary: build -> repair -> verify -> publish -> install, in build/demo/
-#   make lint                        ruff on pipeline/, benchmarks/, tests/; mypy on the first two; make test runs it first
+#   make lint                        ruff and mypy on pipeline/, benchmarks/, tests/; make test runs it first
 #   make check                       the quick tests, under 3 min: none that needs hipcc, musl-gcc, a container engine,
 #                                    a loopback server or a package registry, none marked slow
 #   make test                        the whole test suite (installs hipcc/ccache/podman when missing, as root;
@@ -88,7 +88,7 @@ system-deps:
 lint: $(VENV)/.test-tools
 	$(BIN)/ruff check pipeline benchmarks tests
 	$(BIN)/ruff format --check pipeline benchmarks tests
-	$(BIN)/mypy pipeline benchmarks
+	$(BIN)/mypy
 
 # The markers are pyproject.toml's; tests/conftest.py also marks every test by the fixtures it uses.
 check: lint

@@ -75,7 +75,7 @@ def hip_targets(hipcc: str, hip_kernel: Path) -> tuple[str, ...]:
 
     def compiles(target: str) -> bool:
         out = hip_kernel.with_name(f"probe-{target}.co")
-        args = [hipcc, "--genco", f"--offload-arch={target}", hip_kernel, "-o", out]
+        args: list[str | Path] = [hipcc, "--genco", f"--offload-arch={target}", hip_kernel, "-o", out]
         return run(args, env=HIP_ENV, check=False).returncode == 0
 
     with ThreadPoolExecutor() as pool:
@@ -90,7 +90,7 @@ def hip_targets(hipcc: str, hip_kernel: Path) -> tuple[str, ...]:
 def hip_library(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...]) -> Path:
     """A real HIP shared library with device code for every probed target."""
     library = hip_kernel.with_name("libkernel.so")
-    args = [hipcc, "-fPIC", "-shared", *offload_args(hip_targets), hip_kernel, "-o", library]
+    args: list[str | Path] = [hipcc, "-fPIC", "-shared", *offload_args(hip_targets), hip_kernel, "-o", library]
     run(args, env=HIP_ENV)
     return library
 
@@ -113,7 +113,7 @@ def fresh_venv(tmp_path: Path) -> Path:
 
 
 def _pip_install(python: Path, *args: str) -> str:
-    argv = [
+    argv: list[str | Path] = [
         sys.executable,
         "-m",
         "pip",

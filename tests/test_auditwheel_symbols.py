@@ -8,6 +8,7 @@ import shutil
 import struct
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 import auditwheel.elfutils
 import auditwheel.lddtree
@@ -19,7 +20,7 @@ from pipeline.util.cmd import run
 from pipeline.wheel.elf import is_elf
 
 
-def _answers(path: Path) -> tuple[object, ...]:
+def _answers(path: Path) -> tuple[Any, ...]:  # auditwheel ships no types: its answers are Any
     """What auditwheel's analysis asks of one file, through the names it calls them by."""
     with path.open("rb") as stream:
         elf = auditwheel.lddtree.ELFFile(stream)

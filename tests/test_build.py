@@ -16,7 +16,7 @@ pytestmark = pytest.mark.hipcc
 
 
 @pytest.fixture(scope="session")
-def built_canary(tmp_path_factory, host_line, canary_targets):
+def built_canary(tmp_path_factory: pytest.TempPathFactory, host_line, canary_targets):
     root = tmp_path_factory.mktemp("canary-build")
     layout = Layout(REPO / "recipes", root / "wheelhouse", root / "work")
     (step,) = canary_plan(layout, host_line, canary_targets).steps

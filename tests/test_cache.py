@@ -32,6 +32,7 @@ def test_no_setting_keeps_the_local_ccache() -> None:
 
 def test_redis_with_a_password_is_masked_and_keyed_by_line() -> None:
     cache = remote_cache("rocm7.2", {"ROCWHEELS_SCCACHE": "redis://:s3cret@cache.example:6379/2"})
+    assert cache is not None
     assert cache.env == {
         "SCCACHE_REDIS_ENDPOINT": "redis://:s3cret@cache.example:6379/2",
         "SCCACHE_REDIS_KEY_PREFIX": "rocwheels/rocm7.2",
@@ -42,9 +43,12 @@ def test_redis_with_a_password_is_masked_and_keyed_by_line() -> None:
 
 def test_s3_and_webdav() -> None:
     s3 = remote_cache("rocm6.2", {"ROCWHEELS_SCCACHE": "s3://team-cache/ci"})
-    assert s3.env == {"SCCACHE_BUCKET": "team-cache", "SCCACHE_S3_KEY_PREFIX": "ci/rocwheels/rocm6.2"}
+    assert s3 is not None and s3.env == {
+        "SCCACHE_BUCKET": "team-cache",
+        "SCCACHE_S3_KEY_PREFIX": "ci/rocwheels/rocm6.2",
+    }
     dav = remote_cache("rocm6.2", {"ROCWHEELS_SCCACHE": "webdav+https://dav.example/cache"})
-    assert dav.env == {
+    assert dav is not None and dav.env == {
         "SCCACHE_WEBDAV_ENDPOINT": "https://dav.example/cache",
         "SCCACHE_WEBDAV_KEY_PREFIX": "rocwheels/rocm6.2",
     }

@@ -103,7 +103,7 @@ def test_flash_attention_flags_hit_ccache_with_sid_hipcc(podman_engine, sid_base
     output = python_in(podman_engine, sid_base, code, work=tmp_path)
     result = CachePass(**json.loads(output.splitlines()[-1]))
     assert result.tool.startswith("ccache 4.")
-    assert (result.compiles, result.hits_second_pass, result.uncached) == (1, 1, [])
+    assert (result.compiles, result.hits_second_pass) == (1, 1) and not result.uncached
 
 
 def test_container_builds_check_the_clang_behind_hipcc(tmp_path):

@@ -78,7 +78,7 @@ def test_an_unpinned_registry_image_is_refused_before_anything_runs(layout: Layo
     with pytest.raises(RocwheelsError) as error:
         container_driver(plan, layout, engine=NO_ENGINE)
     assert "not pinned by digest" in error.value.message and line.builder_image in error.value.message
-    assert error.value.fix.startswith("rocwheels lock pin --rocm rocm6.2")
+    assert error.value.fix is not None and error.value.fix.startswith("rocwheels lock pin --rocm rocm6.2")
     assert "ROCM=debian13" in error.value.fix and "DRIVER=local" in error.value.fix, "the offline routes"
 
 

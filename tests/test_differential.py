@@ -16,6 +16,7 @@ import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,7 @@ class Repaired:
 
 
 @pytest.fixture(scope="module")
-def build_dir(tmp_path_factory) -> Path:
+def build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("differential")
 
 
@@ -128,7 +129,7 @@ def _elf_members(wheel: Path, scratch: Path) -> dict[str, tuple[tuple[str, ...],
     return found
 
 
-def _grafted(members: dict) -> set[str]:
+def _grafted(members: Iterable[str]) -> set[str]:
     return {name.rsplit("/", 1)[1] for name in members if name.split("/")[0].endswith(".libs")}
 
 
@@ -167,7 +168,7 @@ def test_rocm_is_never_grafted(repaired, tmp_path):
 
 
 @pytest.fixture(scope="module", params=["auditwheel", "rocwheels"])
-def venv(request, repaired, tmp_path_factory) -> tuple[str, Path]:
+def venv(request, repaired, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """Every repaired wheel of one tool, installed into one fresh venv."""
     folder = tmp_path_factory.mktemp(f"venv-{request.param}") / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", folder])

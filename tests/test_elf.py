@@ -16,7 +16,7 @@ from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import ElfError, amdgpu_processor, is_elf, read_elf
 from pipeline.wheel.offload import gpu_targets, parse_fatbin
-from tests.helpers.hip import HIP_ENV, offload_args
+from tests.helpers.hip import HIP_ENV, fatbin_of, offload_args
 
 E_FLAGS_OFFSET = 48  # in an ELF64 header
 
@@ -34,20 +34,24 @@ def hip_runtime_soname() -> str:
 
 
 @pytest.fixture(scope="module")
-def hip_object(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...], tmp_path_factory) -> Path:
+def hip_object(
+    hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     obj = tmp_path_factory.mktemp("elf") / "kernel.o"
     run([hipcc, "-fPIC", "-c", *offload_args(hip_targets), hip_kernel, "-o", obj], env=HIP_ENV)
     return obj
 
 
 @pytest.fixture(scope="module")
-def code_objects(hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...], tmp_path_factory) -> dict[str, Path]:
+def code_objects(
+    hipcc: str, hip_kernel: Path, hip_targets: tuple[str, ...], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Path]:
     """A standalone AMDGPU code object per probed target (not wrapped in an offload bundle)."""
     folder = tmp_path_factory.mktemp("code-objects")
     objects = {}
     for target in hip_targets:
         objects[target] = folder / f"{target}.co"
-        args = [
+        args: list[str | Path] = [
             hipcc,
             "--genco",
             "--no-gpu-bundle-output",
@@ -82,7 +86,7 @@ def test_hip_library(hip_library, hip_targets, hip_runtime_soname):
     assert hip_runtime_soname in info.needed
     assert info.soname is None and info.rpath == () and info.runpath == ()
     assert info.amdgpu_processor is None
-    assert gpu_targets(parse_fatbin(info.hip_fatbin)) == tuple(sorted(hip_targets))
+    assert gpu_targets(parse_fatbin(fatbin_of(hip_library))) == tuple(sorted(hip_targets))
 
 
 @pytest.mark.hipcc
@@ -131,7 +135,7 @@ def test_standalone_code_objects_name_their_processor(code_objects):
 
 @pytest.mark.hipcc
 def test_code_objects_in_a_bundle_match_their_ids(hip_library, tmp_path):
-    fatbin = read_elf(hip_library).hip_fatbin
+    fatbin = fatbin_of(hip_library)
     (bundle,) = parse_fatbin(fatbin)
     gpu_entries = [e for e in bundle.entries if e.processor]
     assert gpu_entries

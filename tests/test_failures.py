@@ -27,22 +27,24 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.verify.provenance import record_path
-from tests.helpers import REPO
+from tests.helpers import REPO, unused_port
 from tests.helpers.project import LOCK, Project, escaping_tar_source, replace_in, small_project
 from tests.helpers.wheels import wheel_archive, write_platform_wheel, write_raw_zip, write_wheel
 
 DOC = REPO / "docs" / "failure-modes.md"
 CANARY = "alpha-1.0+rocm9.9-py3-none-any.whl"
+# A step on a project: what it returns (a wheel's path, a port) is not used.
+Setup = Callable[[Project], object]
 
 
 # --- setups: each puts one mistake into a valid project ---
 
 
-def recipe_text(name: str, text: str | bytes) -> Callable[[Project], None]:
+def recipe_text(name: str, text: str | bytes) -> Setup:
     return lambda p: p.recipe(name, text)
 
 
-def url_source(url: str, sha256: str = "0" * 64) -> Callable[[Project], None]:
+def url_source(url: str, sha256: str = "0" * 64) -> Setup:
     return replace_in("alpha.toml", 'path = "."', f'url = "{url}"\nsha256 = "{sha256}"')
 
 
@@ -68,7 +70,7 @@ def with_record(p: Project) -> Path:
     return wheel
 
 
-def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Callable[[Project], None]:
+def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Setup:
     """A wheel of exactly these members (plus correct metadata), one of them stored as a symlink."""
 
     def setup(p: Project) -> None:
@@ -85,7 +87,7 @@ def member_wheel(members: dict[str, bytes], *, symlink: str | None = None) -> Ca
     return setup
 
 
-def raw(members: dict[str, bytes], name: str = CANARY) -> Callable[[Project], None]:
+def raw(members: dict[str, bytes], name: str = CANARY) -> Setup:
     return lambda p: write_raw_zip(p.wheelhouse / name, members)
 
 
@@ -114,7 +116,7 @@ def recorded(
     return {**members, f"{info}/RECORD": ("\n".join([*lines, f"{info}/RECORD,,"]) + "\n").encode()}
 
 
-def deflated(members: dict[str, bytes]) -> Callable[[Project], None]:
+def deflated(members: dict[str, bytes]) -> Setup:
     def setup(p: Project) -> None:
         p.wheelhouse.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(p.wheelhouse / CANARY, "w", zipfile.ZIP_DEFLATED) as archive:
@@ -124,7 +126,7 @@ def deflated(members: dict[str, bytes]) -> Callable[[Project], None]:
     return setup
 
 
-def text_file(name: str = CANARY) -> Callable[[Project], None]:
+def text_file(name: str = CANARY) -> Setup:
     def setup(p: Project) -> None:
         p.wheelhouse.mkdir(parents=True, exist_ok=True)
         (p.wheelhouse / name).write_text("not a wheel\n")
@@ -201,6 +203,7 @@ def damaged_section(name: str, offset: int, value: bytes) -> Callable[[bytes], b
         from elftools.elf.elffile import ELFFile
 
         section = ELFFile(io.BytesIO(data)).get_section_by_name(name)
+        assert section is not None, f"gcc's library has no {name} section"
         at = section["sh_offset"] + offset
         return data[:at] + value + data[at + len(value) :]
 
@@ -223,13 +226,7 @@ def read_only_cache(p: Project) -> None:
     read_only(p.root / "ro-cache")
 
 
-def closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def htpasswd(text: str) -> Callable[[Project], None]:
+def htpasswd(text: str) -> Setup:
     return lambda p: (p.root / "htpasswd").write_text(text)
 
 
@@ -247,7 +244,7 @@ def port_in_use(p: Project) -> None:
     (p.root / "port").write_text(str(taken.getsockname()[1]))
 
 
-def indexed_then(change: Callable[[Project], None]) -> Callable[[Project], None]:
+def indexed_then(change: Setup) -> Setup:
     """A wheelhouse with a built index and constraints, then ``change``: the old index must survive."""
 
     def setup(p: Project) -> None:
@@ -267,7 +264,7 @@ def old_index_kept(p: Project) -> None:
     assert "alpha" in (p.wheelhouse / "simple" / "rocm9.9" / "index.html").read_text()
 
 
-def no_file(*names: str) -> Callable[[Project], None]:
+def no_file(*names: str) -> Setup:
     def check(p: Project) -> None:
         for name in names:
             assert not (p.root / name).exists(), name
@@ -275,7 +272,7 @@ def no_file(*names: str) -> Callable[[Project], None]:
     return check
 
 
-def setup_all(*setups: Callable[[Project], None]) -> Callable[[Project], None]:
+def setup_all(*setups: Setup) -> Setup:
     def setup(p: Project) -> None:
         for one in setups:
             one(p)
@@ -290,8 +287,8 @@ class Case:
     args: tuple[str, ...]  # after the project options; {root} {wheel} {port} {closed} are filled in
     status: int
     says: tuple[str, ...]  # every one appears in the output
-    setup: Callable[[Project], None] | None = None
-    after: Callable[[Project], None] | None = None  # extra checks on what is left
+    setup: Setup | None = None
+    after: Setup | None = None  # extra checks on what is left
     env: tuple[tuple[str, str], ...] = ()
 
 
@@ -1005,7 +1002,7 @@ def _fill(value: str, project: Project, closed: int) -> str:
 
 def run_rocwheels(project: Project, args: tuple[str, ...], capsys, monkeypatch, env=()) -> tuple[int, str]:
     """``rocwheels --recipes-dir ... ARGS`` through its real entry point; (exit status, stdout + stderr)."""
-    closed = closed_port()
+    closed = unused_port()
     (project.root / "empty-bin").mkdir(exist_ok=True)
     for name, value in env:
         monkeypatch.setenv(name, _fill(value, project, closed))
@@ -1084,8 +1081,8 @@ _ROW = re.compile(r"^\|(?P<cells>.+)\|\s*$")
 _TEST_REF = re.compile(r"`tests/(?P<module>test_\w+)\.py::(?P<test>\w+)(?:\[(?P<param>[\w-]+)\])?`")
 
 
-def _doc_rows() -> list[tuple[str, int, str]]:
-    """(area, exit status, test reference) of every catalogue row."""
+def _doc_rows() -> list[tuple[str, str, str]]:
+    """(area, exit status, test reference) of every catalogue row, as the table spells them."""
     rows = []
     for line in DOC.read_text(encoding="utf-8").splitlines():
         match = _ROW.match(line)

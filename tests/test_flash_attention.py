@@ -40,6 +40,7 @@ def test_the_test_recipe_builds_the_shipped_source_with_the_shipped_settings():
     test, shipped = load_recipes(RECIPES)["flash-attention"], load_recipes(SHIPPED)["flash-attention"]
     assert test.versions[version].source == shipped.versions[version].source
     assert test.env == shipped.env
+    assert test.targets.fallback is not None and shipped.targets.fallback is not None
     assert test.targets.fallback.env == shipped.targets.fallback.env == BACKEND
     assert test.targets.supported == shipped.targets.supported  # CK: what make wheels builds on a ROCm host
     assert test.repair == shipped.repair

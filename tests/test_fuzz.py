@@ -195,6 +195,7 @@ def _damage(data: bytes, how: tuple[str, int, bytes]) -> bytes:
         start, size = 0, 64
     else:
         section = ELFFile(io.BytesIO(data)).get_section_by_name(kind)
+        assert section is not None, f"gcc's library has no {kind} section"
         start, size = section["sh_offset"], section["sh_size"]
     offset = start + at % max(size, 1)
     return data[:offset] + noise + data[offset + len(noise) :]
@@ -218,9 +219,9 @@ def test_damaged_elf_through_inspect_verify_and_repair(
     for command in (["inspect"], ["verify", "--no-smoke"], ["repair", "-w", str(folder / "out")]):
         argv = ["rocwheels", "--recipes-dir", str(folder / "none"), "--work-dir", str(folder / "build"), *command]
         monkeypatch.setattr(sys, "argv", [*argv, str(wheel)])
+        status: object = 0
         try:
             main()
-            status = 0
         except SystemExit as exc:
             status = exc.code
         assert status in (0, 1), (command, how)

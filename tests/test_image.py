@@ -264,8 +264,11 @@ def test_cibuildwheel_builds_repairs_and_tests_a_hip_extension(engine: Engine, b
     with extracted.open("rb") as stream:
         elf = ELFFile(stream)
         dynamic = next(s for s in elf.iter_sections() if isinstance(s, DynamicSection))
-        needed = {tag.needed for tag in dynamic.iter_tags() if tag.entry.d_tag == "DT_NEEDED"}
-        fatbin = elf.get_section_by_name(".hip_fatbin").data()
+        # pyelftools names a DT_NEEDED tag's string as the attribute "needed", which its types do not declare.
+        needed = {tag.needed for tag in dynamic.iter_tags("DT_NEEDED")}  # type: ignore[attr-defined]
+        section = elf.get_section_by_name(".hip_fatbin")
+        assert section is not None, f"{module} has no .hip_fatbin section"
+        fatbin = section.data()
     assert "libamdhip64.so.5" in needed
     for arch in ARCHS:
         assert f"amdgcn-amd-amdhsa--{arch}".encode() in fatbin

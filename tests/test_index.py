@@ -14,11 +14,11 @@ from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
 from pipeline.publish.index import (
     build_static_index,
-    file_sha256,
     wheels_by_label,
     write_constraints,
     write_requirements,
 )
+from pipeline.util.files import file_sha256
 from pipeline.verify.provenance import check_record, record_path, write_record
 
 CANARY = "rocm-canary"

@@ -65,7 +65,7 @@ INSTALLERS = ["pip==23.2.1", "pip>=24,<25", "pip>=25,<26", "pip>=26,<27", "uv"]
 
 
 @pytest.fixture(scope="module", params=INSTALLERS)
-def installer(request, tmp_path_factory) -> Installer:
+def installer(request, tmp_path_factory: pytest.TempPathFactory) -> Installer:
     venv = tmp_path_factory.mktemp("installer") / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
@@ -81,7 +81,7 @@ def installer(request, tmp_path_factory) -> Installer:
 
 
 @pytest.fixture(scope="module")
-def wheelhouse(tmp_path_factory, platform_wheel) -> Path:
+def wheelhouse(tmp_path_factory: pytest.TempPathFactory, platform_wheel) -> Path:
     """The canary wheel with its index, constraints and requirements, as ``rocwheels index build`` leaves them."""
     house = tmp_path_factory.mktemp("wheelhouse")
     platform_wheel(house, "rocm_canary", {"rocm_canary/__init__.py": b"BUILD = 'ours'\n"}, version=VERSION)
@@ -92,7 +92,7 @@ def wheelhouse(tmp_path_factory, platform_wheel) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tool_env(tmp_path_factory, platform_wheel) -> dict[str, str]:
+def tool_env(tmp_path_factory: pytest.TempPathFactory, platform_wheel) -> dict[str, str]:
     """The installers' environment: no settings of this machine, and a default index standing in
     for PyPI that offers a higher version of the canary."""
     pypi = tmp_path_factory.mktemp("pypi")
@@ -112,7 +112,7 @@ def tool_env(tmp_path_factory, platform_wheel) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def pypiserver_url(tmp_path_factory, wheelhouse) -> Iterator[str]:
+def pypiserver_url(tmp_path_factory: pytest.TempPathFactory, wheelhouse) -> Iterator[str]:
     root = tmp_path_factory.mktemp("pypiserver")
     htpasswd = root / "htpasswd"
     add_htpasswd_user(htpasswd, "alice", "secret")

@@ -22,7 +22,7 @@ import pytest
 
 from pipeline.util.cmd import run
 from pipeline.util.interrupts import PRIVATE_PREFIX
-from tests.helpers import REPO, ROCWHEELS
+from tests.helpers import REPO, ROCWHEELS, index_build_argv
 from tests.helpers.hip_wheels import EXT, Built
 from tests.helpers.project import small_project
 from tests.helpers.waiting import wait_for
@@ -89,7 +89,7 @@ def _ignore_signals() -> None:
 
 def start(
     args: list[str], tmp: Path, env: dict[str, str] | None = None, *, ignoring_signals: bool = False
-) -> subprocess.Popen:
+) -> subprocess.Popen[str]:
     """``python -m pipeline ARGS`` with TMPDIR and the cache under the test's folder.
 
     ``ignoring_signals``: SIGINT and SIGTERM ignored until rocwheels sets its own policy, so those
@@ -108,7 +108,7 @@ def start(
     )
 
 
-def stop_and_wait(process: subprocess.Popen, stop: signal.Signals) -> tuple[int, str]:
+def stop_and_wait(process: subprocess.Popen[str], stop: signal.Signals) -> tuple[int, str]:
     process.send_signal(stop)
     _, err = process.communicate(timeout=60)
     return process.returncode, err
@@ -316,7 +316,7 @@ def test_interrupted_run_leaves_nothing_for_the_next(tmp_path: Path) -> None:
     assert holder.stdout is not None
     holder.stdout.readline()
     result = run(
-        [*ROCWHEELS, "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"],
+        index_build_argv(wheelhouse, tmp_path / "none"),
         cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(tmpdir)},
     )

@@ -13,6 +13,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Unpack
 
 import pytest
 
@@ -21,7 +22,7 @@ from pipeline.util.cmd import run
 from pipeline.verify.verify import Expectations, verify_wheel
 from pipeline.wheel.analyze import TargetLayout
 from tests.helpers import ROCWHEELS
-from tests.helpers.elf_builds import Elf, build
+from tests.helpers.elf_builds import Elf, SearchPaths, build
 from tests.helpers.hip_wheels import EXT
 
 
@@ -33,7 +34,7 @@ class Case:
     link_packages: tuple[str, ...] = ()
 
 
-def ext(needs: str, **paths: str) -> Elf:
+def ext(needs: str, **paths: Unpack[SearchPaths]) -> Elf:
     return Elf(f"pkg/_ext{EXT}", (needs,), **paths)
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.helpers import REPO, ROCWHEELS
+from tests.helpers import REPO, ROCWHEELS, index_build_argv
 from tests.helpers.wheels import write_wheel
 
 
@@ -19,19 +19,18 @@ def test_second_run_waits_for_the_first(tmp_path: Path) -> None:
     # The first run: a process holding the wheelhouse lock (as `rocwheels wheels` does while it builds).
     holder = holding_the_lock(wheelhouse, env)
     second = subprocess.Popen(
-        [*ROCWHEELS, "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"],
+        index_build_argv(wheelhouse, tmp_path / "none"),
         env=env,
         cwd=tmp_path,
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert second.stderr is not None
     waiting = second.stderr.readline()
     assert "waiting for another rocwheels run using" in waiting and str(wheelhouse) in waiting
     time.sleep(0.5)
     assert second.poll() is None and not (wheelhouse / "simple").exists()  # nothing written while it waits
-    holder.stdin.write("\n")
-    holder.stdin.flush()
-    assert holder.wait(timeout=30) == 0
+    release(holder)
     _, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
     assert "alpha==1.0+rocm9.9" in (wheelhouse / "constraints-rocm9.9.txt").read_text()
@@ -41,7 +40,7 @@ def test_two_index_builds_at_once_both_succeed(tmp_path: Path) -> None:
     wheelhouse = tmp_path / "wheelhouse"
     for number in range(20):
         write_wheel(wheelhouse, f"pkg{number}", "1.0+rocm9.9")
-    argv = [*ROCWHEELS, "--wheelhouse", wheelhouse, "--recipes-dir", tmp_path / "none", "index", "build"]
+    argv = index_build_argv(wheelhouse, tmp_path / "none")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runs = [subprocess.Popen(argv, env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for run in runs:
@@ -84,14 +83,13 @@ def test_two_wheels_runs_with_one_work_folder_take_turns(tmp_path: Path) -> None
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert second.stderr is not None
     lines = iter(second.stderr.readline, "")
     waiting = next((line for line in lines if "waiting" in line), "")
     assert "waiting for another rocwheels run using" in waiting and str(work) in waiting
     time.sleep(0.5)
     assert second.poll() is None and not (work / "work").exists()  # nothing touched while it waits
-    holder.stdin.write("\n")
-    holder.stdin.flush()
-    assert holder.wait(timeout=30) == 0
+    release(holder)
     _, err = second.communicate(timeout=120)
     assert "Traceback" not in err and "unsafe member" in err, err
 
@@ -113,3 +111,9 @@ def holding_the_lock(folder: Path, env: dict[str, str], what: str = "wheelhouse"
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     return holder
+
+
+def release(holder: subprocess.Popen[str]) -> None:
+    """Let :func:`holding_the_lock`'s process go; it ends cleanly."""
+    holder.communicate("\n", timeout=30)
+    assert holder.returncode == 0

@@ -22,7 +22,6 @@ from pipeline.errors import RocwheelsError
 from pipeline.util.cmd import run
 from pipeline.verify.verify import ERROR, Expectations, verify_wheel
 from pipeline.wheel.analyze import TargetLayout
-from pipeline.wheel.elf import read_elf
 from pipeline.wheel.offload import (
     HEADER_LIMIT,
     PLAIN_MAGIC,
@@ -33,7 +32,7 @@ from pipeline.wheel.offload import (
     parse_fatbin,
 )
 from tests.helpers import REPO
-from tests.helpers.hip import HIP_ENV, offload_args
+from tests.helpers.hip import HIP_ENV, fatbin_of, offload_args
 
 # The two newest Instinct processors; the lock's debian-sid line records that its clang takes them.
 SID_TARGETS = ("gfx942", "gfx950")
@@ -79,9 +78,7 @@ def plain_bundle(entries: list[tuple[str, bytes]]) -> bytes:
 
 @pytest.fixture(scope="module")
 def fatbin(hip_library: Path) -> bytes:
-    data = read_elf(hip_library).hip_fatbin
-    assert data is not None, f"{hip_library} has no .hip_fatbin section"
-    return data
+    return fatbin_of(hip_library)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +113,7 @@ def test_two_translation_units_give_two_bundles_with_padding(hipcc, hip_kernel, 
     run([hipcc, "-fPIC", "-c", *offload_args(hip_targets), hip_kernel, "-o", first_obj], env=HIP_ENV)
     run([hipcc, "-fPIC", "-c", *offload_args(hip_targets[:1]), second, "-o", second_obj], env=HIP_ENV)
     run([hipcc, "-shared", *offload_args(hip_targets), first_obj, second_obj, "-o", library], env=HIP_ENV)
-    data = read_elf(library).hip_fatbin
+    data = fatbin_of(library)
 
     first, last = parse_fatbin(data)
     assert first.offset == 0 and last.offset > first.size
@@ -129,7 +126,9 @@ def test_two_translation_units_give_two_bundles_with_padding(hipcc, hip_kernel, 
 
 
 @pytest.fixture(scope="module")
-def sid_compressed(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path_factory) -> tuple[Path, Path]:
+def sid_compressed(
+    podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Path]:
     """Two libraries hipcc built with --offload-compress in the sid image: one translation unit
     for both targets, and two (the second for the first target only) linked together."""
     assert set(SID_TARGETS) <= set(load_lock(REPO / "recipes").line("debian-sid").targets)
@@ -149,7 +148,7 @@ def sid_compressed(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_p
 
 @pytest.mark.container
 def test_clang_compressed_bundles_are_read(sid_compressed) -> None:
-    one, two = (parse_fatbin(read_elf(library).hip_fatbin) for library in sid_compressed)
+    one, two = (parse_fatbin(fatbin_of(library)) for library in sid_compressed)
     (bundle,) = one
     assert bundle.compression in ("zlib", "zstd") and bundle.ccob_version in (1, 2, 3)
     assert gpu_targets(one) == tuple(sorted(SID_TARGETS))
@@ -367,7 +366,9 @@ GENERIC_BUILD = ("gfx11-generic", "gfx942:sramecc+", "gfx90a:xnack-")
 
 
 @pytest.fixture(scope="module")
-def sid_generic(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path_factory) -> Path:
+def sid_generic(
+    podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     work = tmp_path_factory.mktemp("sid-generic")
     shutil.copy2(hip_kernel, work / "kernel.hip")
     script = f"hipcc -fPIC -shared {' '.join(offload_args(GENERIC_BUILD))} kernel.hip -o libgeneric.so"
@@ -377,7 +378,7 @@ def sid_generic(podman_engine: Engine, sid_base: str, hip_kernel: Path, tmp_path
 
 @pytest.mark.container
 def test_generic_targets_and_target_ids_are_read_and_accepted(sid_generic, platform_wheel, tmp_path) -> None:
-    bundles = parse_fatbin(read_elf(sid_generic).hip_fatbin)
+    bundles = parse_fatbin(fatbin_of(sid_generic))
     target_ids = {e.target_id for b in bundles for e in b.entries if e.target_id}
     assert target_ids == set(GENERIC_BUILD)
     carried = gpu_targets(bundles)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -22,7 +21,7 @@ from pipeline.build.image import image_id
 from pipeline.config.lock import load_lock
 from pipeline.config.pin import PIN_NOTE, ImageRef
 from pipeline.util.cmd import run
-from tests.helpers import ROCWHEELS
+from tests.helpers import ROCWHEELS, unused_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,17 +58,11 @@ rocm-canary = "0.1.0"
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Debian's docker-registry (distribution 2.8) on a free loopback port with its own storage."""
     root = tmp_path_factory.mktemp("registry")
-    port = _free_port()
+    port = unused_port()
     config = root / "config.yml"
     config.write_text(
         f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root / 'storage'}\n"
@@ -118,6 +111,7 @@ def pushed(
     run(podman_engine.command("import", root / "rootfs.tar", local), env=env)
     run(podman_engine.command("push", "--tls-verify=false", local, remote), env=env)
     made = image_id(podman_engine, local)
+    assert made is not None, f"{local} was imported but podman does not list it"
     try:
         yield remote
     finally:
@@ -133,7 +127,7 @@ def registry_digest(image: str) -> str:
         f"http://{ref.registry}/v2/{path}/manifests/{ref.tag}", method="HEAD", headers={"Accept": MANIFEST_TYPES}
     )
     with urlopen(request, timeout=10) as response:
-        return response.headers["Docker-Content-Digest"]
+        return str(response.headers["Docker-Content-Digest"])
 
 
 def lock_dir(tmp_path: Path, image: str) -> Path:
@@ -202,7 +196,7 @@ def test_pin_writes_the_digest_the_registry_serves_and_keeps_the_file(pushed: st
 def test_a_failed_pull_names_the_fix_and_leaves_the_lock_alone(
     registry: str, insecure_registries: None, podman_engine: Engine, tmp_path: Path, image: str, message: str
 ) -> None:
-    values = {"registry": registry, "closed": str(_free_port())}
+    values = {"registry": registry, "closed": str(unused_port())}
     recipes = lock_dir(tmp_path, image.format(**values))
     before = (recipes / "lock.toml").read_bytes()
 
@@ -339,7 +333,7 @@ def test_no_pin_and_ci_refuse_an_unpinned_image(pushed: str, tmp_path: Path, how
 def test_an_unreachable_registry_names_the_cause_and_the_offline_routes(
     registry: str, insecure_registries: None, podman_engine: Engine, tmp_path: Path
 ) -> None:
-    image = f"127.0.0.1:{_free_port()}/rocwheels/pin-test:v1"
+    image = f"127.0.0.1:{unused_port()}/rocwheels/pin-test:v1"
     recipes = wheels_project(tmp_path, image)
     before = (recipes / "lock.toml").read_bytes()
     result = make_wheels_cli(recipes)

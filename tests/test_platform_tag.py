@@ -27,7 +27,16 @@ def _extension(folder: Path, *, too_new: bool) -> Path:
     (GLIBC_9.99 from libm.so.6: a stand-in libm built here to link against)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "ext.c").write_text(EXTENSION)
-    args = ["gcc", "-shared", "-fPIC", folder / "ext.c", "-I", PY_INCLUDE, "-o", folder / f"_ext{EXT}"]
+    args: list[str | Path] = [
+        "gcc",
+        "-shared",
+        "-fPIC",
+        folder / "ext.c",
+        "-I",
+        PY_INCLUDE,
+        "-o",
+        folder / f"_ext{EXT}",
+    ]
     if too_new:
         (folder / "stub.c").write_text("int odd_fn(void) { return 1; }\n")
         (folder / "v.map").write_text("GLIBC_9.99 { global: odd_fn; local: *; };\n")
@@ -51,7 +60,7 @@ def _extension(folder: Path, *, too_new: bool) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory, platform_wheel) -> dict[str, Path]:
+def wheels(tmp_path_factory: pytest.TempPathFactory, platform_wheel) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("tags")
     plain = _extension(root / "plain", too_new=False)
     odd = _extension(root / "odd", too_new=True)
@@ -84,7 +93,7 @@ def test_symbol_outside_every_policy_allows_only_linux(wheels):
     versions = wheel_symbol_versions(wheels["odd"])
     assert ("libm.so.6", "GLIBC_9.99") in versions
     allowed = check_platform_tag(versions, "manylinux_2_41_x86_64")
-    assert allowed.best == "linux_x86_64"
+    assert allowed.best == "linux_x86_64" and allowed.problem is not None
     assert "libm.so.6 GLIBC_9.99" in allowed.problem
 
 
@@ -92,9 +101,10 @@ def test_glibc_version_beyond_the_tag_and_unknown_tags():
     versions = [("libc.so.6", "GLIBC_2.34"), ("libc.so.6", "GLIBC_2.2.5")]
     assert check_platform_tag(versions, "manylinux_2_34_x86_64").problem is None
     older = check_platform_tag(versions, "manylinux_2_28_x86_64")
-    assert older.best == "manylinux_2_34_x86_64" and "libc.so.6 GLIBC_2.34" in older.problem
-    assert "GLIBC_2.2.5" not in older.problem
-    assert "no platform tag auditwheel knows" in check_platform_tag(versions, "manylinux_2_99_x86_64").problem
+    assert older.best == "manylinux_2_34_x86_64" and older.problem is not None
+    assert "libc.so.6 GLIBC_2.34" in older.problem and "GLIBC_2.2.5" not in older.problem
+    unknown = check_platform_tag(versions, "manylinux_2_99_x86_64").problem
+    assert unknown is not None and "no platform tag auditwheel knows" in unknown
     assert check_platform_tag([], "musllinux_1_2_x86_64").problem is None
 
 

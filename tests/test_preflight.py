@@ -21,9 +21,9 @@ from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError
 from pipeline.plan import make_plan
 from pipeline.preflight.drivers import log_path, preflight_plan, report_path
-from pipeline.preflight.report import NOT_DESCRIBED, Group, RecipePreflight, UnitResult, project
+from pipeline.preflight.report import NOT_DESCRIBED, Group, RecipePreflight, UnitResult, UnitStatus, project
 from tests.helpers import REPO
-from tests.helpers.preflight import SLOW_COMPILER, alive, recipes_with_compiler, rocwheels_preflight
+from tests.helpers.preflight import SLOW_COMPILER, alive, recipes_with_compiler, rocwheels_preflight, start_preflight
 from tests.helpers.project import small_project
 from tests.helpers.recipes import canary_plan, line_plan
 from tests.helpers.waiting import wait_for
@@ -149,7 +149,7 @@ def test_bad_preflight_data_names_file_and_field(tmp_path: Path, table: str, fie
 
 
 def test_the_projection_spreads_each_group_over_the_jobs() -> None:
-    def unit(group: str, target: str, seconds: float, peak: int, status: str = "compiled") -> UnitResult:
+    def unit(group: str, target: str, seconds: float, peak: int, status: UnitStatus = "compiled") -> UnitResult:
         return UnitResult(
             unit=f"{group}.cpp",
             group=group,
@@ -181,9 +181,7 @@ def test_a_signal_during_a_unit_compile_leaves_no_process(
     (SIGTERM to rocwheels alone) while a unit compiles: the compiler and its children are gone too."""
     recipes = recipes_with_compiler(tmp_path / "recipes", SLOW_COMPILER)
     pids = tmp_path / "compiler.pids"
-    process = rocwheels_preflight(
-        tmp_path, recipes, host_line[0], canary_targets[0], env={"SLOW_COMPILER_PIDS": str(pids)}, wait=False
-    )
+    process = start_preflight(tmp_path, recipes, host_line[0], canary_targets[0], env={"SLOW_COMPILER_PIDS": str(pids)})
     wait_for(lambda: process.poll() is not None or len(_read_pids(pids)) == 2, "the compile starts", timeout=300)
     assert process.poll() is None, process.communicate()
     if stop == signal.SIGINT:

@@ -18,10 +18,12 @@ from click.testing import CliRunner
 
 from pipeline.cli import cli
 from pipeline.errors import CommandError, RocwheelsError
-from pipeline.publish.index import file_sha256, write_requirements
+from pipeline.publish.index import write_requirements
 from pipeline.publish.serve import add_htpasswd_user, pypiserver_run, running_pypiserver
 from pipeline.publish.upload import publish, resolve_repository
+from pipeline.util.files import file_sha256
 from pipeline.verify.provenance import check_record, record_path, write_record
+from tests.helpers import unused_port
 from tests.helpers.waiting import answers, wait_for
 
 USER = "builder"
@@ -216,9 +218,7 @@ def test_one_layer_decides_retries_one_post_per_attempt(tmp_path, login, make_wh
 def test_an_index_that_comes_up_late_is_reached_by_a_retry(tmp_path, htpasswd, login, make_wheel):
     wheelhouse = tmp_path / "wheelhouse"
     wheel = make_wheel(wheelhouse, "rocm-canary", "0.1.0+rocm9.9")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
     published = threading.Event()
 
     def late_index() -> None:
@@ -294,9 +294,7 @@ def test_a_file_changed_on_pypiserver_fails_the_hash_checked_install(
 @contextmanager
 def _plain_pypiserver(packages: Path, htpasswd: Path) -> Iterator[str]:
     """pypiserver as a team may run it, not started by rocwheels serve: it keeps distributions only."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
     packages.mkdir(parents=True, exist_ok=True)
     server = subprocess.Popen(
         [sys.executable, "-m", "pypiserver", *pypiserver_run("127.0.0.1", port, htpasswd, packages)],

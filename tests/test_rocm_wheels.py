@@ -121,12 +121,12 @@ def test_a_wheels_line_without_its_packages_is_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def standin(tmp_path_factory, hip_library, hipcc):
+def standin(tmp_path_factory: pytest.TempPathFactory, hip_library, hipcc):
     return build_standin_wheels(tmp_path_factory.mktemp("rocm-standin"), hip_library, hipcc)
 
 
 @pytest.fixture(scope="module")
-def rocm_index(tmp_path_factory, standin):
+def rocm_index(tmp_path_factory: pytest.TempPathFactory, standin):
     """pypiserver serving the stand-in ROCm wheels: the place of AMD's index."""
     root = tmp_path_factory.mktemp("rocm-index")
     add_htpasswd_user(root / "htpasswd", "amd", "secret")

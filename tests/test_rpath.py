@@ -9,6 +9,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Unpack
 
 import pytest
 from elftools.elf.elffile import ELFFile
@@ -17,12 +18,12 @@ from pipeline.repair.repair import _patchelf
 from pipeline.util.cmd import run
 from pipeline.wheel.elf import read_elf
 from pipeline.wheel.rpath import edit_in_place, set_rpath_in_place
-from tests.helpers.elf_builds import Elf, build
+from tests.helpers.elf_builds import Elf, SearchPaths, build
 
 LONG = "{build}/a/build/machine/folder/that/is/long/enough/lib"
 
 
-def _top(tmp_path: Path, **search: str) -> tuple[Path, Path]:
+def _top(tmp_path: Path, **search: Unpack[SearchPaths]) -> tuple[Path, Path]:
     """``top/libtop.so`` needing ``dep/libdep.so``, with ``search`` (rpath= or runpath=); (top, dep folder)."""
     built = build((Elf("top/libtop.so", needs=("dep/libdep.so",), **search), Elf("dep/libdep.so")), tmp_path / "build")
     return built["top/libtop.so"], built["dep/libdep.so"].parent

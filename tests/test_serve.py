@@ -16,7 +16,7 @@ from passlib.apache import HtpasswdFile
 from pipeline.errors import RocwheelsError
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.verify.provenance import record_path, write_record
-from tests.helpers import ROCWHEELS
+from tests.helpers import ROCWHEELS, unused_port
 from tests.helpers.waiting import answers, wait_for
 
 
@@ -75,9 +75,7 @@ def test_a_port_in_use_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_stopping_serve_stops_pypiserver_too(tmp_path, stop):
     add_htpasswd_user(tmp_path / "htpasswd", "alice", "pw")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = unused_port()
     argv = [
         *ROCWHEELS,
         "serve",

@@ -17,9 +17,10 @@ from click.testing import CliRunner
 
 from pipeline.cli import cli
 from pipeline.errors import RocwheelsError
-from pipeline.publish.index import build_static_index, file_sha256, page_links, write_constraints, write_requirements
+from pipeline.publish.index import build_static_index, page_links, write_constraints, write_requirements
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish
+from pipeline.util.files import file_sha256
 from pipeline.wheel.variant import WheelVariant, make_variant, variant_label
 
 USER, PASSWORD = "builder", "pins-password"

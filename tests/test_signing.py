@@ -56,9 +56,11 @@ def test_the_key_comes_from_the_environment_or_a_file_and_a_bad_one_is_named_not
     key = new_key(tmp_path / "ci.key")
     monkeypatch.delenv(KEY_ENV, raising=False)
     monkeypatch.setenv(KEY_FILE_ENV, str(tmp_path / "ci.key"))
-    assert signing_key_from_env().public == key.public
+    from_file = signing_key_from_env()
+    assert from_file is not None and from_file.public == key.public
     monkeypatch.setenv(KEY_ENV, (tmp_path / "ci.key").read_text())
-    assert signing_key_from_env().public == key.public
+    from_env = signing_key_from_env()
+    assert from_env is not None and from_env.public == key.public
     monkeypatch.setenv(KEY_ENV, "ed25519-secret:not-base64-at-all-but-secret")
     with pytest.raises(InputError) as failure:
         signing_key_from_env()
@@ -71,7 +73,8 @@ def test_a_key_the_lock_does_not_list_is_refused_before_anything_is_built(team, 
     with pytest.raises(InputError, match=r"is not in .*lock.toml \[signing\] public_keys"):
         signing_key(recipes)
     monkeypatch.setenv(KEY_ENV, (recipes.parent / "keys" / "team.key").read_text())
-    assert signing_key(recipes).public == key.public
+    team_key = signing_key(recipes)
+    assert team_key is not None and team_key.public == key.public
 
 
 def test_a_record_signed_by_the_team_key_is_believed(team, tmp_path, capsys):

@@ -29,7 +29,6 @@ from pipeline.errors import RocwheelsError
 from pipeline.plan import select_plan
 from pipeline.publish.serve import UPLOAD_PREFIX, add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish
-from pipeline.util import cmd
 from pipeline.verify.signing import new_key
 from tests.helpers.signing import rocwheels, trust_keys
 from tests.helpers.wheels import write_wheel
@@ -221,13 +220,13 @@ def test_a_password_in_the_url_reaches_no_command_line_and_no_log(tmp_path, serv
     wheelhouse = tmp_path / "wheelhouse"
     wheel = write_wheel(wheelhouse, "alpha", "1.0+rocm9.9")
     children: list[tuple[list[str], dict[str, str]]] = []
-    real_popen = cmd.subprocess.Popen
+    real_popen = subprocess.Popen  # what pipeline.util.cmd starts every child with
 
     def spying_popen(argv, *args, **kwargs):
         children.append(([str(a) for a in argv], dict(kwargs.get("env") or {})))
         return real_popen(argv, *args, **kwargs)
 
-    monkeypatch.setattr(cmd.subprocess, "Popen", spying_popen)
+    monkeypatch.setattr(subprocess, "Popen", spying_popen)
     with_login = url.replace("http://", f"http://{USER}:{quote(SECRET, safe='')}@")
     with caplog.at_level("DEBUG", logger="rocwheels"):
         code, output = rocwheels(

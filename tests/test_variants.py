@@ -11,6 +11,7 @@ import shlex
 import shutil
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -91,7 +92,7 @@ def test_a_label_longer_than_pep_825_allows_is_refused(tmp_path, make_wheel):
 
 
 @pytest.fixture
-def variant_house(tmp_path, make_wheel) -> Path:
+def variant_house(tmp_path: Path, make_wheel: Callable[..., Path]) -> Path:
     """One release of the canary: the plain wheel and the variants for gfx90a and gfx942."""
     house = tmp_path / "wheelhouse"
     make_wheel(house, "rocm-canary", VERSION, "plain")

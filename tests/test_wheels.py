@@ -37,16 +37,19 @@ def test_verified_canary_lands_in_the_wheelhouse(tmp_path, host_line, canary_tar
     # The variant wheel; for the line's default targets (all that hipcc compiles here) also the plain wheel pip takes.
     (variant,) = [w for w in outcome.wheels if split_variant(w.name)[1] is not None]
     wheel = layout.wheelhouse / split_variant(variant.name)[0]
-    assert plan.steps[0].variant.plain == (set(canary_targets) == set(host_line[1].targets))
-    assert set(outcome.wheels) == ({variant, wheel} if plan.steps[0].variant.plain else {variant})
-    assert split_variant(variant.name)[1] == plan.steps[0].variant.label
-    if not plan.steps[0].variant.plain:
+    planned = plan.steps[0].variant
+    assert planned is not None
+    assert planned.plain == (set(canary_targets) == set(host_line[1].targets))
+    assert set(outcome.wheels) == ({variant, wheel} if planned.plain else {variant})
+    assert split_variant(variant.name)[1] == planned.label
+    if not planned.plain:
         wheel = variant
     assert wheel.parent == layout.wheelhouse
     assert "manylinux" in wheel.name and f"+{host_line[1].local_version}" in wheel.name
     (extension,) = analyze_wheel(wheel).members
     assert set(extension.gpu_targets) == set(canary_targets)
-    assert read_variant(variant).processors == served_processors(canary_targets)
+    label = read_variant(variant)
+    assert label is not None and label.processors == served_processors(canary_targets)
     log = layout.log_file("rocm-canary").read_text()
     assert "auditwheel verdict" in log and "pip install" in log
     (again,) = make_wheels(plan, layout)

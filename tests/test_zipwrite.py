@@ -100,7 +100,12 @@ def test_a_large_member_is_hashed_beside_its_inflating_and_still_checked(
         record = record_rows(archive, f"{DIST_INFO}/RECORD")
     threaded: list[bool] = []  # whether each inflating hashed beside it
     one_behind = zipwrite._one_behind
-    monkeypatch.setattr(zipwrite, "_one_behind", lambda beside: threaded.append(beside) or one_behind(beside))
+
+    def spying(beside: bool) -> object:
+        threaded.append(beside)
+        return one_behind(beside)
+
+    monkeypatch.setattr(zipwrite, "_one_behind", spying)
     files = extract_members(wheel, ["demo/large.so"], tmp_path / "tree", record=record, threads=2)
     assert threaded == [True]
     assert files["demo/large.so"].read_bytes() == large

@@ -9,9 +9,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 from pipeline.util.cmd import run
 from tests.helpers.hip_wheels import EXT, PY_INCLUDE
+
+
+class SearchPaths(TypedDict, total=False):
+    """The search paths an :class:`Elf` may be given by keyword: rpath=, runpath=."""
+
+    rpath: str
+    runpath: str
 
 
 @dataclass(frozen=True)

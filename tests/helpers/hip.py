@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pipeline.config.toolchain import HIP_ENV
+from pipeline.wheel.elf import read_elf
 
 __all__ = ["CANDIDATE_TARGETS", "HIP_ENV", "KERNEL"]
 
@@ -16,3 +19,10 @@ __global__ void add_one(float* x) { x[threadIdx.x] += 1.0f; }
 
 def offload_args(targets: tuple[str, ...]) -> list[str]:
     return [f"--offload-arch={target}" for target in targets]
+
+
+def fatbin_of(library: Path) -> bytes:
+    """The ``.hip_fatbin`` section of a library hipcc built (which always has one)."""
+    fatbin = read_elf(library).hip_fatbin
+    assert fatbin is not None, f"{library} has no .hip_fatbin section"
+    return fatbin

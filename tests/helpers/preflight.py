@@ -29,17 +29,11 @@ def recipes_with_compiler(dest: Path, script: str) -> Path:
     return dest
 
 
-def rocwheels_preflight(
-    tmp: Path,
-    recipes: Path,
-    line: str,
-    target: str,
-    *args: str,
-    env: dict[str, str] | None = None,
-    wait: bool = True,
-) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
-    """``rocwheels wheels --preflight`` of the canary on this host, in its own session (its process
-    group stands for a terminal's: SIGINT to it is a Ctrl-C)."""
+def start_preflight(
+    tmp: Path, recipes: Path, line: str, target: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``rocwheels wheels --preflight`` of the canary on this host started, in its own session (its
+    process group stands for a terminal's: SIGINT to it is a Ctrl-C)."""
     argv = [
         *ROCWHEELS,
         "--recipes-dir",
@@ -61,13 +55,18 @@ def rocwheels_preflight(
         *args,
     ]
     full_env = {**os.environ, "HIP_PLATFORM": "amd", "ROCWHEELS_CACHE": str(tmp / "cache"), **(env or {})}
-    process = subprocess.Popen(
+    return subprocess.Popen(
         argv, env=full_env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
-    if not wait:
-        return process
+
+
+def rocwheels_preflight(
+    tmp: Path, recipes: Path, line: str, target: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """:func:`start_preflight`, run to its end."""
+    process = start_preflight(tmp, recipes, line, target, *args, env=env)
     out, err = process.communicate(timeout=600)
-    return subprocess.CompletedProcess(argv, process.returncode, out, err)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def alive(pid: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -15,12 +16,18 @@ from tests.helpers.wheels import write_wheel
 LOCK = rocm99_lock_toml({"alpha": "1.0", "beta": "1.0"})
 
 
+class Held(Protocol):
+    """What a project holds during its run and closes after it: a socket, a mount."""
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Project:
     """The folders of one small project under ``root``."""
 
     root: Path
-    keep: list = field(default_factory=list)  # sockets and the like held open during the run
+    keep: list[Held] = field(default_factory=list)  # sockets and the like held open during the run
 
     @property
     def recipes(self) -> Path:

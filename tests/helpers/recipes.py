@@ -80,11 +80,11 @@ def canary_plan(layout: Layout, line, targets: tuple[str, ...], driver: str = "l
 DEBIAN13_TARGETS = ("gfx942", "gfx90a")
 
 
-def line_plan(layout: Layout, name: str, arch: tuple[str, ...], **line_changes: str) -> Plan:
+def line_plan(layout: Layout, name: str, arch: tuple[str, ...], **line_changes: object) -> Plan:
     """The canary on lock line ``name`` (of the project's recipes, with ``line_changes``) in the container."""
     line = load_lock(REPO / "recipes").line(name).model_copy(update=line_changes)
     return canary_plan(layout, (name, line), arch, driver="container")
 
 
-def debian13_plan(layout: Layout, **line_changes: str) -> Plan:
+def debian13_plan(layout: Layout, **line_changes: object) -> Plan:
     return line_plan(layout, "debian13", DEBIAN13_TARGETS, **line_changes)

@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.helpers import unused_port
+
 
 @contextmanager
 def running_redis(address: str, folder: Path, password: str | None = None) -> Iterator[str]:
@@ -22,9 +24,7 @@ def running_redis(address: str, folder: Path, password: str | None = None) -> It
     server = shutil.which("redis-server")
     if server is None:
         raise RuntimeError("redis-server is not installed: apt-get install -y redis-server")
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        port = probe.getsockname()[1]
+    port = unused_port(address)
     process = subprocess.Popen(
         [
             server,
