@@ -32,11 +32,8 @@ from pipeline.build.engine import Engine
 from pipeline.build.local import BuiltWheel
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
 from pipeline.description import BuildDescription
 from pipeline.errors import RocwheelsError
-from pipeline.plan import make_plan
 from pipeline.repair.repair import RepairSettings
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import Kind, analyze_wheel
@@ -45,7 +42,7 @@ from pipeline.wheels import make_wheels
 from tests.helpers import REPO
 from tests.helpers.containers import cibuildwheel_reads
 from tests.helpers.recipes import DEBIAN13_TARGETS as ARCH
-from tests.helpers.recipes import debian13_plan, line_plan
+from tests.helpers.recipes import debian13_plan, line_plan, recipes_plan
 from tests.helpers.wheels import the_build
 
 RECIPES = REPO / "recipes"
@@ -66,15 +63,7 @@ def test_an_unpinned_registry_image_is_refused_before_anything_runs(layout: Layo
     lock = load_lock(RECIPES)
     line = lock.line("rocm6.2")
     assert not line.pinned, "the rocm6.2 line was pinned: pick another unpinned example"
-    plan = make_plan(
-        load_recipes(RECIPES),
-        ["rocm-canary"],
-        recipes_dir=RECIPES,
-        line_name="rocm6.2",
-        line=line,
-        targets=parse_targets("gfx942"),
-        driver="container",
-    )
+    plan = recipes_plan(RECIPES, ["rocm-canary"], ("rocm6.2", line), "gfx942", driver="container")
     with pytest.raises(RocwheelsError) as error:
         container_driver(plan, layout, engine=NO_ENGINE)
     assert "not pinned by digest" in error.value.message and line.builder_image in error.value.message
@@ -123,16 +112,7 @@ def test_cibuildwheel_reads_the_settings_as_meant(layout: Layout, tmp_path: Path
 
 def test_torchvision_settings_pass_isolation_repair_policy_and_dependencies(layout: Layout, tmp_path: Path) -> None:
     """A recipe with depends_on, --no-isolation, link_packages and a platform tag (ROCm 6.2 line)."""
-    line = load_lock(RECIPES).line("rocm6.2")
-    plan = make_plan(
-        load_recipes(RECIPES),
-        ["torchvision"],
-        recipes_dir=RECIPES,
-        line_name="rocm6.2",
-        line=line,
-        targets=parse_targets("gfx90a;gfx942"),
-        driver="container",
-    )
+    plan = recipes_plan(RECIPES, ["torchvision"], "rocm6.2", "gfx90a;gfx942", driver="container")
     step = plan.steps[-1]
     settings = cibuildwheel_env(
         plan, step, engine=Engine("docker", ("docker",)), image="img", ccache=tmp_path, gpu=True

@@ -12,11 +12,9 @@ from pipeline.build.diagnose import first_error
 from pipeline.build.host import host_rocm_version
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
-from pipeline.plan import make_plan
 from pipeline.wheels import make_wheels
 from tests.helpers import ROCWHEELS
+from tests.helpers.recipes import recipes_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,14 +77,7 @@ def test_a_failed_compile_is_summarised_by_its_first_error(tmp_path: Path, canar
     kernels[0].write_text(kernels[0].read_text() + "\nthis is not C++;\n")
     layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
     name, _ = host_line
-    plan = make_plan(
-        load_recipes(recipes),
-        ["rocm-canary"],
-        recipes_dir=recipes,
-        line_name=name,
-        line=load_lock(recipes).line(name),
-        targets=parse_targets(";".join(canary_targets)),
-    )
+    plan = recipes_plan(recipes, ["rocm-canary"], name, canary_targets)
     (outcome,) = make_wheels(plan, layout)
     assert outcome.status == "failed"
     assert "error:" in outcome.detail and kernels[0].name in outcome.detail, outcome.detail

@@ -24,15 +24,14 @@ from pipeline.build.container import builder_image, container_driver
 from pipeline.build.engine import Engine, _has_buildkit, detect_engine
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
 from pipeline.doctor import engine_check, image_test
-from pipeline.plan import Plan, make_plan
+from pipeline.plan import Plan
 from pipeline.util.cmd import run
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
+from tests.helpers.recipes import recipes_plan
 from tests.helpers.redis_server import running_redis
 from tests.helpers.wheels import the_build
 
@@ -140,15 +139,7 @@ def docker_trixie_base(docker_engine: Engine, trixie_base: str) -> str:
 def debian13_plan(base: str) -> Plan:
     """The canary on the lock's debian13 line, with the test base under it."""
     line = load_lock(RECIPES).line("debian13").model_copy(update={"builder_image": base})
-    return make_plan(
-        load_recipes(RECIPES),
-        ["rocm-canary"],
-        recipes_dir=RECIPES,
-        line_name="debian13",
-        line=line,
-        targets=parse_targets(";".join(ARCH)),
-        driver="container",
-    )
+    return recipes_plan(RECIPES, ["rocm-canary"], ("debian13", line), ARCH, driver="container")
 
 
 @pytest.mark.container

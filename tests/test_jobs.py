@@ -26,17 +26,14 @@ from pipeline.build.jobs import (
     record_profile,
 )
 from pipeline.config.layout import Layout
-from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError, InputError
-from pipeline.plan import describe, make_plan, select_plan
+from pipeline.plan import describe, select_plan
 from pipeline.publish.admission import admit_wheels
 from pipeline.publish.index import scan_wheels
 from tests.helpers import REPO
 from tests.helpers.containers import cibuildwheel_reads, python_in
 from tests.helpers.hip import KERNEL
-from tests.helpers.recipes import DEBIAN13_TARGETS, debian13_plan, lock_toml, recipe_toml
+from tests.helpers.recipes import DEBIAN13_TARGETS, debian13_plan, lock_toml, recipe_toml, recipes_plan
 
 GiB = 1 << 30
 UNLIMITED_V1 = "9223372036854771712"
@@ -284,17 +281,7 @@ def test_a_plan_on_a_small_host_gets_fewer_jobs_and_says_why(tmp_path):
     profile = BuildProfile("l", {"fa": measured(peak=2 * GiB)})
 
     def plan(capacity: HostCapacity, jobs: int | None = None):
-        return make_plan(
-            load_recipes(tmp_path),
-            ["fa"],
-            recipes_dir=tmp_path,
-            line_name="l",
-            line=load_lock(tmp_path).line("l"),
-            targets=parse_targets("gfx942"),
-            jobs=jobs,
-            profile=profile,
-            capacity=capacity,
-        )
+        return recipes_plan(tmp_path, ["fa"], "l", "gfx942", jobs=jobs, profile=profile, capacity=capacity)
 
     (large,) = plan(HostCapacity(64 * GiB, 8)).steps
     assert (large.jobs, large.env["MAX_JOBS"], large.jobs_note) == (8, "8", "")

@@ -9,11 +9,10 @@ import pytest
 
 from pipeline.config.lock import load_lock
 from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
 from pipeline.errors import ConfigError, RocwheelsError
-from pipeline.plan import build_order, describe, make_plan
+from pipeline.plan import build_order, describe
 from tests.helpers import ROCWHEELS
-from tests.helpers.recipes import lock_toml, recipe_toml
+from tests.helpers.recipes import lock_toml, recipe_toml, recipes_plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,11 +34,7 @@ def make_dir(tmp_path: Path, recipes: dict[str, str]) -> Path:
 
 
 def plan_for(folder: Path, wanted, arch="gfx90a;gfx942"):
-    lock = load_lock(folder)
-    line = lock.line("l")
-    return make_plan(
-        load_recipes(folder), wanted, recipes_dir=folder, line_name="l", line=line, targets=parse_targets(arch), jobs=3
-    )
+    return recipes_plan(folder, wanted, "l", arch, jobs=3)
 
 
 def test_dependencies_come_first(tmp_path):

@@ -16,16 +16,14 @@ import pytest
 from pipeline.build.jobs import read_profile
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipe, load_recipes
-from pipeline.config.targets import parse_targets
+from pipeline.config.recipes import load_recipe
 from pipeline.errors import ConfigError
-from pipeline.plan import make_plan
 from pipeline.preflight.drivers import log_path, preflight_plan, report_path
 from pipeline.preflight.report import NOT_DESCRIBED, Group, RecipePreflight, UnitResult, UnitStatus, project
 from tests.helpers import REPO
 from tests.helpers.preflight import SLOW_COMPILER, alive, recipes_with_compiler, rocwheels_preflight, start_preflight
 from tests.helpers.project import small_project
-from tests.helpers.recipes import canary_plan, line_plan
+from tests.helpers.recipes import canary_plan, line_plan, recipes_plan
 from tests.helpers.waiting import wait_for
 
 
@@ -97,14 +95,7 @@ def test_a_recipe_without_preflight_data_says_so(tmp_path: Path) -> None:
     project = small_project(tmp_path)
     layout = Layout(project.recipes, project.wheelhouse, project.work)
     line = load_lock(project.recipes).line("rocm9.9")
-    plan = make_plan(
-        load_recipes(project.recipes),
-        ["beta"],
-        recipes_dir=project.recipes,
-        line_name="rocm9.9",
-        line=line,
-        targets=parse_targets("gfx90a"),
-    )
+    plan = recipes_plan(project.recipes, ["beta"], ("rocm9.9", line), "gfx90a")
     alpha, beta = preflight_plan(plan, layout, "local")
     for report in (alpha, beta):
         assert report.ok and report.units == () and report.projection is None

@@ -18,11 +18,9 @@ import pytest
 from pipeline.build.jobs import CONTAINER_MEMORY, read_profile
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
-from pipeline.plan import make_plan
 from pipeline.preflight.drivers import preflight_plan
 from tests.helpers import REPO
+from tests.helpers.recipes import recipes_plan
 
 VERSION = "2.8.3.post2"
 LIMIT = "700m"  # a unit peaks at about 0.4 GB here: room for one job, not two
@@ -41,15 +39,7 @@ def test_flash_attention_ck_units_compile_in_the_sid_base(
             "versions": {**line.versions, "torch": "2.14.1", "flash-attention": VERSION},
         }
     )
-    plan = make_plan(
-        load_recipes(recipes),
-        ["flash-attention"],
-        recipes_dir=recipes,
-        line_name="debian-sid",
-        line=line,
-        targets=parse_targets("gfx942"),
-        driver="container",
-    )
+    plan = recipes_plan(recipes, ["flash-attention"], ("debian-sid", line), "gfx942", driver="container")
     # torch is built from GitHub's sources, which this machine cannot reach; flash-attention's
     # kernel units do not include its headers.
     plan = replace(plan, steps=tuple(step for step in plan.steps if step.name == "flash-attention"))

@@ -9,31 +9,18 @@ from pathlib import Path
 import pytest
 
 from pipeline.config.layout import Layout
-from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
-from pipeline.config.targets import parse_targets
-from pipeline.plan import make_plan
 from pipeline.verify.provenance import check_record, fingerprints, record_path
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
-from tests.helpers.recipes import canary_plan, lock_toml, recipe_toml
+from tests.helpers.recipes import canary_plan, lock_toml, recipe_toml, recipes_plan
 from tests.helpers.wheels import the_build
 
 LOCK = lock_toml({"base": "1.0", "ext": "1.0", "other": "1.0"})
 
 
 def _prints(folder: Path, arch: str = "gfx90a", driver: str = "local") -> dict[str, str]:
-    line = load_lock(folder).line("l")
-    plan = make_plan(
-        load_recipes(folder),
-        ["base", "ext", "other"],
-        recipes_dir=folder,
-        line_name="l",
-        line=line,
-        targets=parse_targets(arch),
-        driver=driver,
-    )
+    plan = recipes_plan(folder, ["base", "ext", "other"], "l", arch, driver=driver)
     return {name: value[0] for name, value in fingerprints(plan, folder).items()}
 
 

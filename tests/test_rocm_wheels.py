@@ -16,12 +16,9 @@ from rich.console import Console
 from pipeline.build.container import container_driver
 from pipeline.config.layout import Layout
 from pipeline.config.lock import load_lock
-from pipeline.config.recipes import load_recipes
 from pipeline.config.rocm_wheels import LIBRARY_FOLDERS, constraint_pins, mirror, package_links
-from pipeline.config.targets import parse_targets
 from pipeline.doctor import installed_torch_check
 from pipeline.errors import ConfigError
-from pipeline.plan import make_plan
 from pipeline.publish.index import write_constraints
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish
@@ -31,6 +28,7 @@ from pipeline.verify.inspect_table import either_provider, inspect_wheel, render
 from pipeline.wheel.analyze import Kind, TargetLayout, analyze_wheel
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO
+from tests.helpers.recipes import recipes_plan
 from tests.helpers.rocm_standin import VERSION, build_standin_wheels, hip_runtime_soname
 from tests.helpers.wheels import the_build
 
@@ -142,15 +140,7 @@ def test_canary_built_against_standin_rocm_wheels_installs_where_no_rocm_is(
     targets = hip_targets[:1]
     recipes = write_recipes(tmp_path / "recipes", wheels_lock(rocm_index.simple_url, targets))
     layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
-    lock = load_lock(recipes)
-    plan = make_plan(
-        load_recipes(recipes),
-        ["rocm-canary"],
-        recipes_dir=recipes,
-        line_name=LINE,
-        line=lock.line(LINE),
-        targets=parse_targets(";".join(targets)),
-    )
+    plan = recipes_plan(recipes, ["rocm-canary"], LINE, targets)
 
     # build (against the packages, through rocm-sdk path) -> repair -> verify (installs and loads) -> wheelhouse
     (outcome,) = make_wheels(plan, layout)
@@ -290,15 +280,7 @@ def test_canary_built_in_the_builder_container_against_standin_wheels_runs_in_a_
         wheels_lock(rocm_index.simple_url, targets, builder_image=builder_base, rocm_path="/opt/rocm-sdk/root"),
     )
     layout = Layout(recipes, tmp_path / "wheelhouse", tmp_path / "work")
-    plan = make_plan(
-        load_recipes(recipes),
-        ["rocm-canary"],
-        recipes_dir=recipes,
-        line_name=LINE,
-        line=load_lock(recipes).line(LINE),
-        targets=parse_targets(";".join(targets)),
-        driver="container",
-    )
+    plan = recipes_plan(recipes, ["rocm-canary"], LINE, targets, driver="container")
     (outcome,) = make_wheels(plan, layout, container_driver(plan, layout, engine=podman_engine))
     log = layout.log_file("rocm-canary").read_text()
     assert outcome.status == "built", f"{outcome.detail}\n{log[-3000:]}"
@@ -334,14 +316,7 @@ def test_the_description_of_a_wheels_line_repairs_with_the_rocm_packages(tmp_pat
 
     recipes_dir = write_recipes(tmp_path, wheels_lock("https://rocm.example/simple/", ("gfx90a",)))
     line = load_lock(recipes_dir).line(LINE)
-    plan = make_plan(
-        load_recipes(recipes_dir),
-        ["rocm-canary"],
-        recipes_dir=recipes_dir,
-        line_name=LINE,
-        line=line,
-        targets=parse_targets("gfx90a"),
-    )
+    plan = recipes_plan(recipes_dir, ["rocm-canary"], (LINE, line), "gfx90a")
     settings = plan.steps[0].repair
     # What `rocwheels repair --rocm-provider wheels --requires-pin ...` gives is the line's own
     # settings, but for the time of the members, which only a description knows (the line's).

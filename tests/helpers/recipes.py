@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipeline.build.jobs import BuildProfile, HostCapacity
 from pipeline.config.layout import Layout
-from pipeline.config.lock import load_lock
+from pipeline.config.lock import Line, load_lock
 from pipeline.config.recipes import load_recipes
 from pipeline.config.targets import parse_targets
 from pipeline.plan import Plan, make_plan
@@ -62,18 +66,37 @@ def rocm99_lock_toml(versions: dict[str, str]) -> str:
     )
 
 
-def canary_plan(layout: Layout, line, targets: tuple[str, ...], driver: str = "local") -> Plan:
-    """The plan of rocm-canary alone on ``line`` (name, lock line) for ``targets``."""
-    name, lock_line = line
+def recipes_plan(
+    recipes_dir: Path,
+    wanted: Sequence[str],
+    line: str | tuple[str, Line],
+    targets: str | Sequence[str],
+    *,
+    driver: str = "local",
+    jobs: int | None = None,
+    profile: BuildProfile | None = None,
+    capacity: HostCapacity | None = None,
+) -> Plan:
+    """The plan of ``wanted`` from ``recipes_dir`` for ``targets`` ("a;b" or a sequence), on ``line``:
+    the name of a line of that folder's lock, or (name, a lock line changed by the test)."""
+    name, lock_line = (line, load_lock(recipes_dir).line(line)) if isinstance(line, str) else line
     return make_plan(
-        load_recipes(layout.recipes_dir),
-        ["rocm-canary"],
-        recipes_dir=layout.recipes_dir,
+        load_recipes(recipes_dir),
+        wanted,
+        recipes_dir=recipes_dir,
         line_name=name,
         line=lock_line,
-        targets=parse_targets(";".join(targets)),
+        targets=parse_targets(targets if isinstance(targets, str) else ";".join(targets)),
         driver=driver,
+        jobs=jobs,
+        profile=profile,
+        capacity=capacity,
     )
+
+
+def canary_plan(layout: Layout, line: tuple[str, Line], targets: tuple[str, ...], driver: str = "local") -> Plan:
+    """The plan of rocm-canary alone on ``line`` (name, lock line) for ``targets``."""
+    return recipes_plan(layout.recipes_dir, ["rocm-canary"], line, targets, driver=driver)
 
 
 # The Debian 13 line's canary in the builder container: targets trixie's hipcc 5.7 compiles.
