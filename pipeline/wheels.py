@@ -1,7 +1,8 @@
 """The whole job for a plan: build -> repair -> verify -> wheelhouse, recipe by recipe.
 
-A wheel reaches the wheelhouse only after it was repaired and verified; it moves there with
-one rename. A failed recipe leaves nothing there, and the recipes that depend on it are skipped.
+A wheel reaches the wheelhouse only after it was repaired and verified, together with its
+provenance record: a recipe's wheels and records are renamed into place with signals held. A
+failed recipe leaves nothing there, and the recipes that depend on it are skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pipeline.errors import CommandError, RocwheelsError
 from pipeline.plan import Plan
 from pipeline.repair.pins import pin_wheel
 from pipeline.repair.repair import repair_wheel
+from pipeline.util.files import partial_path
+from pipeline.util.interrupts import held_while
 from pipeline.util.log import recipe_logger
 from pipeline.util.progress import long_step
 from pipeline.verify.provenance import fingerprints, is_current, record_path, write_record
@@ -77,9 +80,10 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
             )
         started = time.monotonic()
         try:
-            wheels, note = _one_recipe(plan, step, layout, driver)
-            for wheel in wheels:
+            verified, note = _one_recipe(plan, step, layout, driver)
+            for wheel in verified:
                 write_record(wheel, fingerprint, inputs, _toolchain(plan), signer)
+            wheels = _accept(verified, layout.wheelhouse, step)
             outcomes[step.name] = Outcome(step.name, "built", wheels, time.monotonic() - started, note)
         except RocwheelsError as exc:
             recipe_logger(step.name).error("failed: %s", exc)
@@ -90,7 +94,7 @@ def make_wheels(plan: Plan, layout: Layout, driver: Driver = local_driver, *, fo
 
 
 def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driver) -> tuple[tuple[Path, ...], str]:
-    """Build, repair and verify every wheel of one recipe; accept them all or none."""
+    """Build, repair and verify every wheel of one recipe: all of them, still outside the wheelhouse, or an error."""
     logger = recipe_logger(step.name)
     log_file = layout.log_file(step.name)
     with long_step(f"{step.name}: build", logger) as on_output:
@@ -137,13 +141,7 @@ def _one_recipe(plan: Plan, step: BuildDescription, layout: Layout, driver: Driv
                 f"{wheel.name} failed verification: " + "; ".join(f.message for f in report.errors()),
                 fix=f"see {log_file}; no wheel of {step.name} was put in the wheelhouse",
             )
-    accepted = tuple(_accept(wheel, layout.wheelhouse) for wheel in published)
-    # A rebuild may carry another platform tag: older files of this version would shadow it.
-    for stale in set(published_files(layout.wheelhouse, step)) - set(accepted):
-        logger.info("removing %s, replaced by this build", stale.name)
-        stale.unlink()
-        record_path(stale).unlink(missing_ok=True)
-    return accepted, built.note
+    return tuple(published), built.note
 
 
 def _cause(exc: RocwheelsError, layout: Layout, step: BuildDescription) -> str:
@@ -173,13 +171,33 @@ def _toolchain(plan: Plan) -> dict[str, str]:
     return {"driver": "local", "hip": host_rocm_version() or "unknown"}
 
 
-def _accept(wheel: Path, wheelhouse: Path) -> Path:
-    """Move a verified wheel into the wheelhouse with one rename (copied beside it from another file system)."""
+def _accept(verified: tuple[Path, ...], wheelhouse: Path, step: BuildDescription) -> tuple[Path, ...]:
+    """Put one recipe's verified wheels and their records into the wheelhouse, all of them or none.
+
+    Each file is first brought beside its place under a hidden name (a copy from another file
+    system takes long: it can be interrupted, and the hidden copies are removed). Then all are
+    renamed into place with signals held, so no wheel lies there without its record or beside the
+    files of the build it replaces; a signal that came meanwhile stops the run after."""
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    final = wheelhouse / wheel.name
-    # The record of a wheel this one replaces must not outlive it (make_wheels writes the new one).
-    record_path(final).unlink(missing_ok=True)
-    return move_file(wheel, final)
+    incoming: list[tuple[Path, Path]] = []  # (hidden, final)
+    try:
+        for wheel in verified:
+            for source in (wheel, record_path(wheel)):
+                final = wheelhouse / source.name
+                incoming.append((move_file(source, partial_path(final)), final))
+        accepted = tuple(wheelhouse / wheel.name for wheel in verified)
+        with held_while():
+            for hidden, final in incoming:
+                hidden.replace(final)
+            # A rebuild may carry another platform tag: older files of this version would shadow it.
+            for stale in set(published_files(wheelhouse, step)) - set(accepted):
+                recipe_logger(step.name).info("removing %s, replaced by this build", stale.name)
+                stale.unlink()
+                record_path(stale).unlink(missing_ok=True)
+    finally:
+        for hidden, _ in incoming:
+            hidden.unlink(missing_ok=True)  # those not renamed: an error or a signal came first
+    return accepted
 
 
 def summary_table(outcomes: list[Outcome], console: Console | None = None) -> None:

@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from pipeline.config.layout import Layout
+from pipeline.errors import Interrupted
+from pipeline.util.interrupts import interruptible
+from pipeline.verify.provenance import check_record, record_path
 from pipeline.wheel.analyze import analyze_wheel
 from pipeline.wheel.archive import split_variant
 from pipeline.wheel.variant import read_variant, served_processors
@@ -120,3 +124,33 @@ def test_demo_end_to_end(tmp_path):
     assert servers.stdout == "", "a process of the demo is still running"
     assert {path.name: path.read_bytes() for path in users.iterdir()} == before
     assert list((tmp_path / "work" / "demo" / "wheelhouse").glob("rocm_canary-*.whl"))
+
+
+def test_a_signal_as_the_wheels_move_in_leaves_each_with_its_record(
+    tmp_path: Path, host_line, canary_targets: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C just as the first wheel takes its name in the wheelhouse: the wheels and their provenance
+    records land together (the signal waits for the renames) and the run then stops, so no wheel lies
+    there without its record, and the next run finds them up to date."""
+    layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
+    plan = canary_plan(layout, host_line, canary_targets)
+    real_replace, signalled = Path.replace, list[str]()
+
+    def replace_then_signal(source: Path, target: str | os.PathLike[str]) -> Path:
+        moved = real_replace(source, target)
+        final = Path(target)
+        if final.parent == layout.wheelhouse and final.suffix == ".whl" and not signalled:
+            signalled.append(final.name)
+            os.kill(os.getpid(), signal.SIGINT)
+        return moved
+
+    monkeypatch.setattr(Path, "replace", replace_then_signal)
+    with pytest.raises(Interrupted), interruptible():
+        make_wheels(plan, layout)
+    monkeypatch.undo()
+    assert signalled, "no wheel was moved into the wheelhouse"
+    wheels = sorted(layout.wheelhouse.glob("*.whl"))
+    assert wheels and all(record_path(wheel).is_file() and check_record(wheel)[0] for wheel in wheels), wheels
+    assert [p.name for p in layout.wheelhouse.iterdir() if p.name.startswith(".")] == []
+    (again,) = make_wheels(plan, layout)
+    assert again.status == "up to date" and set(again.wheels) == set(wheels)

@@ -27,6 +27,12 @@ def run_mark() -> str:
     return f"{RUN_MARK}-{os.getpid()}"
 
 
+def partial_path(target: Path) -> Path:
+    """The hidden name beside ``target`` of a whole file this run is about to rename to ``target``
+    (``.<name>.rocwheels-<pid>.partial``: the wheelhouse lock removes it if the run is killed)."""
+    return target.with_name(f".{target.name}.{run_mark()}{PARTIAL_SUFFIX}")
+
+
 @contextmanager
 def atomic_write(target: Path, *, mode: int | None = None, sync: bool = False) -> Iterator[io.BufferedRandom]:
     """A file to write ``target``'s new bytes into, renamed over ``target`` when the block ends.
@@ -138,7 +144,7 @@ def unshare(path: Path) -> None:
     """``path`` made a file of its own when hard links share it (:func:`link_files`): an edit of it
     in place then reaches no other name. Its bytes and permissions are kept."""
     if path.stat().st_nlink > 1:
-        own = path.with_name(f".{path.name}.{run_mark()}{PARTIAL_SUFFIX}")
+        own = partial_path(path)
         shutil.copy2(path, own)
         os.replace(own, path)
 
