@@ -25,23 +25,16 @@ import sys
 import time
 from pathlib import Path
 
+from canary import canary_wheels
+
 ROOT = Path(__file__).resolve().parent.parent
 # The tests' redis-server helper (on a free loopback port, nothing kept on disk).
 sys.path.insert(0, str(ROOT))
 from tests.helpers.redis_server import running_redis  # noqa: E402
 
 ROCWHEELS = Path(sys.executable).parent / "rocwheels"
-CANARY = "rocm-canary"
 NO_OP_SECONDS = 2.0
 _HITS = re.compile(r"sccache: \d+% hits \(\d+ of \d+ compilations\)")
-
-
-def canary_wheels(arch: str, wheelhouse: Path, work_dir: Path) -> list[str]:
-    """rocwheels' arguments that build the canary alone for ``arch`` on this host (the local driver)."""
-    return [
-        *("--wheelhouse", str(wheelhouse), "--work-dir", str(work_dir)),
-        *("wheels", "--arch", arch, "--driver", "local", "--recipes", CANARY),
-    ]
 
 
 def timed_wheels(arch: str, work: Path, env: dict[str, str]) -> tuple[float, str]:

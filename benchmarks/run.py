@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-# testwheel sits beside this file, and python puts this file's folder on sys.path.
-from rebuild import CANARY, canary_wheels
+# canary and testwheel sit beside this file, and python puts this file's folder on sys.path.
+from canary import CANARY, canary_wheels
 from testwheel import JsonObject, describe, ensure_test_wheel
 
 from pipeline.errors import RocwheelsError
