@@ -44,11 +44,19 @@ def running_python() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def build_order(recipes: dict[str, RecipeFile], wanted: Sequence[str]) -> list[RecipeFile]:
-    """``wanted`` and everything they depend on, dependencies first (load_recipes refused cycles)."""
+def check_known(recipes: dict[str, RecipeFile], wanted: Sequence[str]) -> None:
+    """Refuse names in ``wanted`` that no recipe has (a typo in --recipes / RECIPES=)."""
     unknown = [name for name in wanted if name not in recipes]
     if unknown:
-        raise RocwheelsError(f"unknown recipe(s): {', '.join(unknown)}", fix=f"known recipes: {', '.join(recipes)}")
+        raise InputError(
+            f"unknown recipe(s): {', '.join(unknown)}",
+            fix=f"known recipes (a NAME.toml each in the recipes folder): {', '.join(recipes)}",
+        )
+
+
+def build_order(recipes: dict[str, RecipeFile], wanted: Sequence[str]) -> list[RecipeFile]:
+    """``wanted`` and everything they depend on, dependencies first (load_recipes refused cycles)."""
+    check_known(recipes, wanted)
     ordered: dict[str, RecipeFile] = {}
 
     def visit(name: str) -> None:
@@ -221,6 +229,7 @@ def select_plan(
     """
     targets = parse_targets(arch) if arch is not None else None
     all_recipes = load_recipes(layout.recipes_dir)
+    check_known(all_recipes, _split(recipes))  # the user's typo before the lock's and the host's checks
     lock_file = lockmod.load_lock(layout.recipes_dir)
     host = host_rocm_version() if driver == "local" and not rocm else None
     if driver == "local" and not rocm and host is None:

@@ -393,6 +393,13 @@ CASES = (
         replace_in("alpha.toml", 'path = "."', 'path = "/etc"'),
     ),
     Case(
+        "recipe-not-found",
+        "recipe",
+        (*PLAN, "--recipes", "gamma"),
+        2,
+        ("unknown recipe(s): gamma", "known recipes", "alpha, beta"),
+    ),
+    Case(
         "recipe-unknown-dependency",
         "recipe",
         PLAN,
