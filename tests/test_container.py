@@ -257,7 +257,8 @@ def test_the_canary_builds_in_the_builder_image(
     (result,) = built
     assert result.repaired
     assert "cd / && rocwheels repair /tmp/cibuildwheel/built_wheel/" in log
-    assert "targets ('gfx942', 'gfx90a') devices 0" in log
+    # devices: 0 here; on a host whose GPU is a target, the container is given it.
+    assert re.search(r"targets \('gfx942', 'gfx90a'\) devices \d+", log), log[-3000:]
 
     # hipcc ran through ccache into the host folder; a second build of the same source hits it.
     assert STATS_BEGIN in log and STATS_END in log

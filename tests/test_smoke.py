@@ -13,6 +13,7 @@ from pipeline.config.recipes import Smoke
 from pipeline.verify import pip_config
 from pipeline.verify.pip_config import pip_settings, uv_for_pip_settings
 from pipeline.verify.smoke import SmokeResult, smoke_test
+from tests.helpers.fake_gpu import fake_gpus
 from tests.helpers.torch_line import simple_index
 from tests.helpers.wheels import write_wheel
 
@@ -174,3 +175,26 @@ def test_pip_installs_where_uv_fails_or_a_setting_has_no_uv_equivalent(
     pip_env.setenv("PIP_PREFER_BINARY", "1")
     unknown = smoke_test(wheel, Smoke(imports=("alpha",)), scratch=tmp_path)
     assert unknown.passed and "(by pip: pip setting prefer-binary has no uv equivalent here)" in unknown.message
+
+
+# --- the GPU check: only on GPUs the wheel has code for (a stand-in GPU: tests/helpers/fake_gpu.py) ---
+
+GPU_SENTINEL = Smoke(imports=("alpha",), gpu_code="raise SystemExit('the GPU check ran')")
+
+
+def test_the_gpu_check_is_skipped_on_a_gpu_the_wheel_has_no_code_for(
+    tmp_path: Path, pip_env: pytest.MonkeyPatch
+) -> None:
+    """A gfx942 build verified on a gfx90a host passes, saying why its GPU code was not run."""
+    fake_gpus(tmp_path / "gpu", pip_env, 90010)
+    wheel = write_wheel(tmp_path / "dist", "alpha", "1.0")
+    result = smoke_test(wheel, GPU_SENTINEL, code_targets=[("gfx942",)], scratch=tmp_path)
+    assert result.passed, result.message
+    assert result.message.endswith("GPU check not run: the wheel has no code for gfx90a here (built for gfx942)")
+
+
+def test_the_gpu_check_runs_on_a_gpu_the_wheel_has_code_for(tmp_path: Path, pip_env: pytest.MonkeyPatch) -> None:
+    fake_gpus(tmp_path / "gpu", pip_env, 90010)
+    wheel = write_wheel(tmp_path / "dist", "alpha", "1.0")
+    result = smoke_test(wheel, GPU_SENTINEL, code_targets=[("gfx90a", "gfx942")], scratch=tmp_path)
+    assert not result.passed and "the GPU check ran" in result.message

@@ -20,9 +20,13 @@ from pipeline.wheel.archive import split_variant
 from pipeline.wheel.variant import read_variant, served_processors
 from pipeline.wheels import make_wheels
 from tests.helpers import REPO, ROCWHEELS
+from tests.helpers.fake_gpu import fake_gpus
 from tests.helpers.recipes import canary_plan
 
 pytestmark = pytest.mark.hipcc
+
+# Stand-in GPUs (KFD gfx_target_version, processor) for a host whose GPU the build is not for.
+OTHER_GPUS = ((110000, "gfx1100"), (90402, "gfx942"), (100300, "gfx1030"), (90010, "gfx90a"))
 
 
 def copy_recipes(dest: Path, smoke_import: str | None = None) -> Path:
@@ -116,6 +120,7 @@ def test_demo_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     for step in ("build, repair, verify", "publish", "install into a fresh venv", "smoke test", "stopped"):
         assert step in result.stdout
+    assert "GPU check passed on" in result.stdout or "GPU check not run: " in result.stdout, result.stdout
     # The canary's variant wheel and, built for every target of the line, its plain wheel.
     assert re.search(r"[12] uploaded, 0 already there", result.stdout), result.stdout
     servers = subprocess.run(
@@ -154,3 +159,21 @@ def test_a_signal_as_the_wheels_move_in_leaves_each_with_its_record(
     assert [p.name for p in layout.wheelhouse.iterdir() if p.name.startswith(".")] == []
     (again,) = make_wheels(plan, layout)
     assert again.status == "up to date" and set(again.wheels) == set(wheels)
+
+
+def test_a_build_host_whose_gpu_is_not_a_target_still_builds(
+    tmp_path: Path,
+    host_line,
+    canary_targets: tuple[str, ...],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """CI builds for the fleet's GPUs on a runner with another one: the canary's GPU check (a kernel
+    launch) cannot run there and is skipped, saying so, instead of failing the wheel."""
+    elsewhere = next((v, name) for v, name in OTHER_GPUS if name not in canary_targets)
+    fake_gpus(tmp_path / "gpu", monkeypatch, elsewhere[0])
+    layout = Layout(REPO / "recipes", tmp_path / "wheelhouse", tmp_path / "work")
+    with caplog.at_level("INFO", logger="rocwheels"):
+        (outcome,) = make_wheels(canary_plan(layout, host_line, canary_targets), layout)
+    assert outcome.status == "built", outcome.detail
+    assert f"GPU check not run: the wheel has no code for {elsewhere[1]} here" in caplog.text

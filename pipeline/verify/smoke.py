@@ -1,6 +1,7 @@
 """Smoke test: install a wheel into a fresh venv and run its recipe's import check.
 
-GPU checks (``gpu_code``) run only where the kernel exposes an AMD GPU (``/dev/kfd``).
+GPU checks (``gpu_code``) run only where this host's GPUs are ones the wheel has code for
+(:mod:`pipeline.verify.host_gpus`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from venv import EnvBuilder
@@ -19,10 +20,9 @@ from pipeline.config.recipes import Smoke
 from pipeline.config.toolchain import python_version
 from pipeline.errors import CommandError
 from pipeline.util.cmd import run
+from pipeline.verify.host_gpus import gpu_check
 from pipeline.verify.pip_config import uv_install
 from pipeline.wheel.archive import parse_wheel_name, split_variant
-
-KFD = Path("/dev/kfd")
 
 log = logging.getLogger("rocwheels")
 
@@ -32,10 +32,6 @@ class SmokeResult:
     passed: bool
     skipped: bool
     message: str
-
-
-def gpu_present() -> bool:
-    return KFD.exists()
 
 
 def interpreter_for(wheel: Path) -> str | None:
@@ -60,11 +56,15 @@ def smoke_test(
     find_links: Path | None = None,
     index_urls: Sequence[str] = (),
     checks: Sequence[str] = (),
+    code_targets: Iterable[Sequence[str]] | None = None,
     log_file: Path | None = None,
     scratch: Path | None = None,
 ) -> SmokeResult:
     """Install ``wheel`` (and ``requirements``, found in ``find_links`` or the extra ``index_urls``)
-    into a fresh venv, run the recipe's snippets, then ``checks`` (more Python snippets)."""
+    into a fresh venv, run the recipe's snippets, then ``checks`` (more Python snippets). The GPU
+    snippet runs where :func:`gpu_check` says, for ``code_targets`` (the targets of each of the
+    wheel's files with GPU code objects; None: its GPU code is compiled as it runs)."""
+    gpu = gpu_check(code_targets) if smoke.gpu_code else None
     python = interpreter_for(wheel)
     if python is None:
         return SmokeResult(False, True, f"no Python on this machine matches {wheel.name}; not installed")
@@ -76,19 +76,13 @@ def smoke_test(
         links += [option for url in index_urls for option in ("--extra-index-url", url)]
         try:
             note = _install(python, work, [*links, str(wheel), *requirements], log_file)
-            for snippet in (*smoke.snippets(gpu=gpu_present()), *checks):
+            for snippet in (*smoke.snippets(gpu=gpu is not None and gpu.run), *checks):
                 run([venv_python, "-c", snippet], log_file=log_file, cwd=work)
         except CommandError as exc:
             return SmokeResult(False, False, f"smoke test failed: {exc.message}")
-    gpu = (
-        "GPU check passed"
-        if smoke.gpu_code and gpu_present()
-        else "no GPU here: GPU check not run"
-        if smoke.gpu_code
-        else "no GPU check"
-    )
+    gpu_note = gpu.outcome() if gpu is not None else "no GPU check"
     installed = f"installed in a fresh venv{f' ({note})' if note else ''}"
-    return SmokeResult(True, False, f"{installed}; {', '.join(smoke.imports)} imported; {gpu}")
+    return SmokeResult(True, False, f"{installed}; {', '.join(smoke.imports)} imported; {gpu_note}")
 
 
 def _install(python: str, work: Path, arguments: Sequence[str], log_file: Path | None) -> str:

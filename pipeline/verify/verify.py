@@ -128,6 +128,7 @@ def verify_wheel(
                 find_links=expect.find_links,
                 index_urls=expect.index_urls,
                 checks=_rocm_packages_check(analysis, expect.smoke),
+                code_targets=list(_code_targets(analysis).values()) or None,
                 log_file=log_file,
                 scratch=scratch,
             )
