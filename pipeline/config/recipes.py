@@ -172,7 +172,8 @@ class Repair(Model):
 
 
 class Smoke(Model):
-    """The import check run in a fresh venv; ``gpu_code`` only runs where a GPU is present."""
+    """The import check run in a fresh venv; ``gpu_code`` only runs where the host's GPUs are ones
+    the wheel has code for (:func:`pipeline.verify.host_gpus.gpu_check`)."""
 
     imports: tuple[str, ...]
     code: str | None = None
@@ -180,7 +181,7 @@ class Smoke(Model):
     env: dict[str, str] = {}  # set before anything is imported (a backend switch read at import)
 
     def snippets(self, *, gpu: bool) -> list[str]:
-        """The Python snippets to run, in order (``gpu_code`` only where a GPU is present)."""
+        """The Python snippets to run, in order (``gpu_code`` only with ``gpu``: where it can run)."""
         codes = (self.code, self.gpu_code if gpu else None)
         setup = f"import os; os.environ.update({dict(sorted(self.env.items()))!r}); " if self.env else ""
         return [f"{setup}import {module}" for module in self.imports] + [setup + code for code in codes if code]
