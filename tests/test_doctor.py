@@ -141,6 +141,12 @@ def test_gpu_targets_from_rocminfo(fake_rocminfo, arch: tuple[str, ...], ok: boo
     assert (check.ok, check.detail) == (ok, detail)
 
 
+def test_a_generic_target_has_code_for_the_gpus_it_serves(fake_rocminfo) -> None:
+    fake_rocminfo(ROCMINFO.replace("gfx90a", "gfx942"))
+    assert gpu_targets_check(("gfx9-4-generic",)) == Check("GPU targets", True, "this host has gfx942")
+    assert gpu_targets_check(("gfx9-generic",)).ok is False
+
+
 def test_failing_rocminfo_is_not_applicable_and_quotes_its_verdict(fake_rocminfo) -> None:
     fake_rocminfo(
         "libkmod: ERROR could not open /proc/modules\n\x1b[31mROCk module is NOT loaded, possibly no GPU devices\x1b[0m\n",
