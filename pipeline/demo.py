@@ -25,7 +25,7 @@ from pipeline.publish.index import build_static_index, wheels_by_label, write_co
 from pipeline.publish.serve import add_htpasswd_user, running_pypiserver
 from pipeline.publish.upload import publish
 from pipeline.util.cmd import run
-from pipeline.verify.host_gpus import gpu_check
+from pipeline.verify.host_gpus import gpu_check_for_build
 from pipeline.wheels import make_wheels
 
 CANARY = "rocm-canary"
@@ -122,7 +122,7 @@ def run_demo(plan: Plan, project: Layout) -> list[DemoStep]:
                     raise RocwheelsError(f"pip installed rocm-canary {installed}, not the build {version}")
                 result.append(f"rocm-canary=={installed} from {index.simple_url}")
             with _timed(steps, "smoke test") as result:
-                gpu = gpu_check([tuple(map(str, plan.steps[-1].targets))])
+                gpu = gpu_check_for_build(plan.steps[-1].targets)
                 outputs = [
                     run([python, "-c", snippet], cwd=root).output.strip()
                     for snippet in plan.steps[-1].recipe.smoke.snippets(gpu=gpu.run)

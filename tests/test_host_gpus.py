@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.verify import host_gpus as host_gpus_module
 from pipeline.verify.host_gpus import GpuCheck, gpu_check, host_gpus, processor_name
 from tests.helpers import REPO
 from tests.helpers.fake_gpu import fake_gpus
@@ -21,8 +22,9 @@ GFX90A, GFX942, GFX1100 = 90010, 90402, 110000
 
 @pytest.mark.parametrize(
     ("version", "processor"),
-    # 90500 and 110501 as KFD reports gfx950 and gfx1151 (AMD's kfd_device.c and ROCR's sysfs tests).
-    [(90010, "gfx90a"), (90402, "gfx942"), (90500, "gfx950"), (100300, "gfx1030"), (110501, "gfx1151")],
+    # As Linux's amdkfd sets them (kfd_device.c, kgd2kfd_probe): Vega20, Arcturus, Aldebaran, Navi10,
+    # and GC 11.0.1 (Phoenix).
+    [(90006, "gfx906"), (90008, "gfx908"), (90010, "gfx90a"), (100100, "gfx1010"), (110003, "gfx1103")],
 )
 def test_gfx_target_versions_name_their_processors(version: int, processor: str) -> None:
     assert processor_name(version) == processor
@@ -32,6 +34,11 @@ def test_the_gpus_are_read_in_node_order_without_the_cpu(tmp_path: Path, monkeyp
     fake_gpus(tmp_path, monkeypatch, *[GFX90A] * 10, GFX1100)
     (tmp_path / "topology" / "nodes" / "notes").mkdir()
     assert host_gpus() == ("gfx90a",) * 10 + ("gfx1100",)  # node 11 after node 2
+
+
+def test_a_host_without_the_kfd_topology_has_no_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(host_gpus_module, "KFD_NODES", tmp_path / "no-kfd" / "topology" / "nodes")
+    assert host_gpus() == ()
 
 
 def test_without_a_gpu_the_check_does_not_run() -> None:

@@ -52,7 +52,7 @@ from pipeline.errors import RocwheelsError
 from pipeline.plan import Plan
 from pipeline.util.cmd import run
 from pipeline.util.log import recipe_logger
-from pipeline.verify.host_gpus import gpu_check
+from pipeline.verify.host_gpus import gpu_check_for_build
 from pipeline.wheel.archive import parse_wheel_name
 from pipeline.wheels import Driver
 
@@ -188,7 +188,7 @@ def container_driver(plan: Plan, layout: Layout, *, engine: Engine | None = None
             image = builder_image(plan.line_name, plan.line, engine, recipes_dir=layout.recipes_dir, log_file=log_file)
 
         # The GPU goes into the container only for a smoke test's gpu_code that can run on it.
-        gpu = step.recipe.smoke.gpu_code is not None and gpu_check([tuple(map(str, step.targets))]).run
+        gpu = step.recipe.smoke.gpu_code is not None and gpu_check_for_build(step.targets).run
         project = fresh_dir(layout.recipe_work(step.name)) / "src"
         package = prepare_source(step.recipe, layout.recipes_dir, project, log_file=log_file, logger=logger)
         _stage_helpers(project / HELPERS, step, layout, gpu, shared)

@@ -7,7 +7,8 @@ objects run on, and this user may open ``/dev/kfd``; otherwise the check is skip
 
 The GPUs are read from the amdgpu driver's KFD topology in sysfs, which needs no ROCm user space:
 each node's ``properties`` has ``gfx_target_version`` (major * 10000 + minor * 100 + stepping, the
-ISA version; 0 on CPU nodes), as libhsakmt (ROCR-Runtime ``libhsakmt/src/topology.c``) reads it.
+ISA version; 0 on CPU nodes), as Linux's amdkfd sets it in ``kfd_device.c`` (Aldebaran, gfx90a:
+90010).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config.targets import runs_on
+from pipeline.config.targets import GpuTarget, runs_on
 
 KFD = Path("/dev/kfd")
 KFD_NODES = Path("/sys/class/kfd/kfd/topology/nodes")
@@ -43,7 +44,7 @@ def processor_name(gfx_target_version: int) -> str:
 def host_gpus() -> tuple[str, ...]:
     """The processors of this host's AMD GPUs, one per GPU in the topology's node order; () without any."""
     found: list[tuple[int, str]] = []
-    for node in KFD_NODES.glob("*/properties") if KFD_NODES.is_dir() else ():
+    for node in KFD_NODES.glob("*/properties"):  # nothing where the folder is missing
         if not node.parent.name.isdecimal():
             continue
         try:
@@ -75,3 +76,8 @@ def gpu_check(code_targets: Iterable[Sequence[str]] | None) -> GpuCheck:
             False, f"the wheel has no code for {', '.join(sorted(set(missing)))} here (built for {', '.join(built)})"
         )
     return GpuCheck(True, f"on {', '.join(gpus)}")
+
+
+def gpu_check_for_build(targets: Iterable[GpuTarget]) -> GpuCheck:
+    """:func:`gpu_check` before a build, for the code objects it is asked for (``targets``)."""
+    return gpu_check([tuple(map(str, targets))])
